@@ -1,0 +1,153 @@
+#pragma once
+// The ops interface the DeepSeek model is written against, once, for every
+// backend. The CPU backend (kernels/cpu) is the reference: f32 activations,
+// f32 accumulation. The CUDA backend (kernels/cuda) implements the same ops
+// on Hopper with bf16 activations and must match within stated tolerances.
+//
+// Conventions:
+// - Every tensor passed to an op lives on the backend's device, is
+//   contiguous and row-major. Activations have dtype act_dtype().
+// - Shapes are written as {dim0, dim1, ...}; T = new tokens in the batch,
+//   H = attention heads, D = hidden size, E = routed experts.
+// - Outputs are preallocated by the caller; ops never allocate on the step
+//   path (CUDA graphs capture them).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/forward_batch.h"
+
+namespace mlaserve {
+
+// A linear layer's weight {N, K} (out, in) as the checkpoint stores it.
+// For block-FP8 weights, scale_inv is F32 {ceil(N/128), ceil(K/128)} and the
+// real weight is w * scale_inv[n/128][k/128]; otherwise scale_inv is undefined.
+struct Weight {
+  Tensor w;
+  Tensor scale_inv;
+  int64_t out_features() const { return w.dim(0); }
+  int64_t in_features() const { return w.dim(1); }
+  bool is_fp8() const { return w.dtype() == DType::F8_E4M3; }
+};
+
+// All routed experts of one MoE layer. Backends may repack them at load
+// time (stacked, transposed, quantized) behind `packed`.
+struct ExpertWeights {
+  std::vector<Weight> gate, up, down;  // per expert: {I, D}, {I, D}, {D, I}
+  std::shared_ptr<void> packed;
+  int num_experts() const { return int(gate.size()); }
+};
+
+// Routing parameters of a MoE layer (see DESIGN.md "MoE").
+enum class TopkMethod { Greedy, GroupLimitedGreedy, NoauxTc };
+enum class ScoringFunc { Softmax, Sigmoid };
+struct RouterParams {
+  TopkMethod method = TopkMethod::Greedy;
+  ScoringFunc scoring = ScoringFunc::Softmax;
+  int top_k = 1;
+  int n_group = 1;
+  int topk_group = 1;
+  bool norm_topk_prob = false;
+  float routed_scaling_factor = 1.0f;
+};
+
+// YaRN / plain RoPE tables, built once from the config.
+struct RopeParams {
+  int rope_dim = 64;
+  float theta = 10000.0f;
+  // YaRN (factor 1 = plain RoPE)
+  float factor = 1.0f;
+  int original_max_position = 4096;
+  float beta_fast = 32.0f;
+  float beta_slow = 1.0f;
+  float mscale = 1.0f;
+  float mscale_all_dim = 0.0f;
+  int max_position = 4096;
+};
+
+// Batch metadata on the device, made once per step by prepare_batch (the
+// host-side "plan"); the run-side ops only read it.
+struct DeviceBatch {
+  int num_seqs = 0, num_tokens = 0, max_q_len = 0, max_kv_len = 0, num_logit_rows = 0;
+  bool is_decode = false;
+  Tensor input_ids, positions, out_slots;  // I32 {T}
+  Tensor q_indptr, kv_indptr;              // I32 {B+1}
+  Tensor kv_slots;                         // I32 {sum kv_len}
+  Tensor logit_rows;                       // I32 {R}
+  ForwardBatch host;                       // the host copy, for CPU loops and planning
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+  virtual DType act_dtype() const = 0;
+
+  // ---- memory -----------------------------------------------------------
+  virtual Tensor alloc(const Shape& shape, DType dtype) = 0;
+  // A weight from host memory (e.g. an mmapped checkpoint). The CPU backend
+  // may keep the host view (no copy); CUDA uploads it.
+  virtual Weight load_weight(const Tensor& w, const Tensor& scale_inv) = 0;
+  // Any other host tensor (norm weights, biases, embeddings) to the device.
+  virtual Tensor load_tensor(const Tensor& host) = 0;
+  virtual ExpertWeights load_experts(std::vector<Weight> gate, std::vector<Weight> up,
+                                     std::vector<Weight> down) = 0;
+  virtual Tensor to_host(const Tensor& t) = 0;
+  virtual DeviceBatch prepare_batch(const ForwardBatch& b) = 0;
+  virtual void synchronize() = 0;
+
+  // ---- ops ---------------------------------------------------------------
+  // out{T, D} = table{V, D}[ids{T}]
+  virtual void embedding(const Tensor& ids, const Tensor& table, Tensor out) = 0;
+  // out{T, D} = rmsnorm(x) * w; if residual is defined: residual += x first
+  // and out = rmsnorm(residual) * w (the fused pre-norm residual add).
+  virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor out, Tensor residual = {}) = 0;
+  // out{T, N} = x{T, K} · Wᵀ, f32 accumulation (block scales applied per 128-wide K block).
+  virtual void linear(const Tensor& x, const Weight& w, Tensor out) = 0;
+  // In place on x{T, n, width}: rotates x[t, h, offset : offset + rope_dim]
+  // by positions[t], interleaved (GPT-J pair) layout as transformers' DeepSeek code.
+  virtual void rope(Tensor x, int offset, const Tensor& positions, const RopeParams& p) = 0;
+  // out{T, I} = silu(x[:, :I]) * x[:, I:] for x{T, 2I}
+  virtual void silu_and_mul(const Tensor& x, Tensor out) = 0;
+  // y += x (same shape)
+  virtual void add(Tensor y, const Tensor& x) = 0;
+  // cache[slots[t]] = rows[t] for rows{T, W}, cache{S, W}
+  virtual void scatter_rows(Tensor cache, const Tensor& rows, const Tensor& slots) = 0;
+  // out[i] = cache[slots[i]]
+  virtual void gather_rows(const Tensor& cache, const Tensor& slots, Tensor out) = 0;
+  // Per-head matmul: out{T, H, N} = x{T, H, K} · w[h] where w is {H, K, N}
+  // (transpose_w = false) or {H, N, K} (transpose_w = true). The absorbed-MLA
+  // q·W_UK and o·W_UV products.
+  virtual void head_bmm(const Tensor& x, const Tensor& w, bool transpose_w, Tensor out) = 0;
+
+  // Absorbed MLA (decode, or any batch): q_latent{T, H, L}, q_pe{T, H, R};
+  // cache{S, L + R} holds [c_kv | k_pe] per slot; out{T, H, L} is the
+  // attention-weighted sum of c_kv (W_UV is applied by the caller).
+  // Scores = (q_latent·c_kv + q_pe·k_pe) * scale, causal per ForwardBatch.
+  virtual void mla_attention_absorbed(const Tensor& q_latent, const Tensor& q_pe, const Tensor& cache,
+                                      const DeviceBatch& batch, float scale, Tensor out) = 0;
+  // Non-absorbed MLA (prefill/extend): q{T, H, Dn + R}; k_nope{Lk, H, Dn},
+  // v{Lk, H, Dv}, k_pe{Lk, R} for the batch's kv tokens in kv_slots order
+  // (Lk = total kv tokens); out{T, H, Dv}.
+  virtual void mla_attention_expanded(const Tensor& q, const Tensor& k_nope, const Tensor& k_pe,
+                                      const Tensor& v, const DeviceBatch& batch, float scale,
+                                      Tensor out) = 0;
+
+  // Router: logits{T, E} f32 (= gate.weight · x in f32), bias{E} f32 or undefined.
+  // topk_ids I32 {T, k}, topk_weights F32 {T, k} (already normalized and scaled).
+  virtual void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& p,
+                         Tensor topk_ids, Tensor topk_weights) = 0;
+  // out{T, D} = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])
+  virtual void moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids,
+                           const Tensor& topk_weights, Tensor out) = 0;
+  // Router logits in f32 regardless of act_dtype: out{T, E} F32 = x · gateᵀ.
+  virtual void linear_f32_out(const Tensor& x, const Tensor& w, Tensor out) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+// Null when built without CUDA or when no GPU is present.
+std::unique_ptr<Backend> make_cuda_backend(size_t workspace_bytes);
+
+}  // namespace mlaserve
