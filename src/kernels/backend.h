@@ -40,6 +40,13 @@ struct ExpertWeights {
 };
 
 // Routing parameters of a MoE layer (see DESIGN.md "MoE").
+// Selection: scores = softmax|sigmoid(logits); GroupLimitedGreedy keeps the
+// topk_group groups with the highest max score, NoauxTc those with the highest
+// sum of their top-2 (score + bias); then the top_k experts among the kept
+// groups by (score + bias) (bias only for NoauxTc). Weights are the unbiased
+// scores of the chosen experts, divided by their sum if `renormalize`, then
+// multiplied by `scaling`. (V2 and V3 differ in when routed_scaling_factor
+// applies; the model resolves that into these two fields.)
 enum class TopkMethod { Greedy, GroupLimitedGreedy, NoauxTc };
 enum class ScoringFunc { Softmax, Sigmoid };
 struct RouterParams {
@@ -48,22 +55,8 @@ struct RouterParams {
   int top_k = 1;
   int n_group = 1;
   int topk_group = 1;
-  bool norm_topk_prob = false;
-  float routed_scaling_factor = 1.0f;
-};
-
-// YaRN / plain RoPE tables, built once from the config.
-struct RopeParams {
-  int rope_dim = 64;
-  float theta = 10000.0f;
-  // YaRN (factor 1 = plain RoPE)
-  float factor = 1.0f;
-  int original_max_position = 4096;
-  float beta_fast = 32.0f;
-  float beta_slow = 1.0f;
-  float mscale = 1.0f;
-  float mscale_all_dim = 0.0f;
-  int max_position = 4096;
+  bool renormalize = false;
+  float scaling = 1.0f;
 };
 
 // Batch metadata on the device, made once per step by prepare_batch (the
@@ -99,6 +92,8 @@ class Backend {
   virtual void synchronize() = 0;
 
   // ---- ops ---------------------------------------------------------------
+  // Weight-like tensors (embedding table, norm weights, router bias) may keep
+  // their checkpoint dtype (BF16/F16/F32) after load_tensor; ops convert.
   // out{T, D} = table{V, D}[ids{T}]
   virtual void embedding(const Tensor& ids, const Tensor& table, Tensor out) = 0;
   // out{T, D} = rmsnorm(x) * w; if residual is defined: residual += x first
@@ -106,44 +101,59 @@ class Backend {
   virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor out, Tensor residual = {}) = 0;
   // out{T, N} = x{T, K} · Wᵀ, f32 accumulation (block scales applied per 128-wide K block).
   virtual void linear(const Tensor& x, const Weight& w, Tensor out) = 0;
-  // In place on x{T, n, width}: rotates x[t, h, offset : offset + rope_dim]
-  // by positions[t], interleaved (GPT-J pair) layout as transformers' DeepSeek code.
-  virtual void rope(Tensor x, int offset, const Tensor& positions, const RopeParams& p) = 0;
-  // out{T, I} = silu(x[:, :I]) * x[:, I:] for x{T, 2I}
-  virtual void silu_and_mul(const Tensor& x, Tensor out) = 0;
+  // Same product with an F32 output whatever act_dtype() is: the MoE router
+  // (DeepSeek computes router logits in f32) and the lm_head (F32 logits).
+  virtual void linear_f32_out(const Tensor& x, const Weight& w, Tensor out) = 0;
+  // In place on x{T, n, width}: rotates the pairs (x[2i], x[2i+1]) of
+  // x[t, h, offset : offset + 2 * F] by the angle positions[t] * inv_freq[i]
+  // (inv_freq F32 {F}, the angle computed in f32), cos and sin multiplied by
+  // cos_sin_scale (YaRN's attention factor). This is the interleaved layout of
+  // DeepSeek's checkpoints; q and k both use it, so q·k equals transformers'
+  // de-interleaved form, and the latent cache holds k_pe in this layout.
+  virtual void rope(Tensor x, int offset, const Tensor& positions, const Tensor& inv_freq,
+                    float cos_sin_scale) = 0;
+  // out{T, I} = silu(gate{T, I}) * up{T, I}
+  virtual void silu_and_mul(const Tensor& gate, const Tensor& up, Tensor out) = 0;
   // y += x (same shape)
   virtual void add(Tensor y, const Tensor& x) = 0;
+  // Column block copy between row-major matrices: both tensors are viewed as
+  // {rows, width} with rows = numel / last dim (equal for both), and
+  // dst[r, dst_col : dst_col + n] = src[r, src_col : src_col + n]. Splits and
+  // concatenations of MLA's q / latent rows without strided tensors.
+  virtual void copy_columns(const Tensor& src, int64_t src_col, Tensor dst, int64_t dst_col, int64_t n) = 0;
   // cache[slots[t]] = rows[t] for rows{T, W}, cache{S, W}
   virtual void scatter_rows(Tensor cache, const Tensor& rows, const Tensor& slots) = 0;
   // out[i] = cache[slots[i]]
   virtual void gather_rows(const Tensor& cache, const Tensor& slots, Tensor out) = 0;
-  // Per-head matmul: out{T, H, N} = x{T, H, K} · w[h] where w is {H, K, N}
-  // (transpose_w = false) or {H, N, K} (transpose_w = true). The absorbed-MLA
-  // q·W_UK and o·W_UV products.
+  // Per-head matmul: out{T, H, N} = x{T, H, Kx}[:, :, :K] · w[h] where w is
+  // {H, K, N} (transpose_w = false) or {H, N, K} (transpose_w = true), F32 or
+  // act_dtype. Kx >= K, so q_nope is read in place from q{T, H, Dn + R}. The
+  // absorbed-MLA q_nope·W_UK and o_latent·W_UVᵀ products.
   virtual void head_bmm(const Tensor& x, const Tensor& w, bool transpose_w, Tensor out) = 0;
 
-  // Absorbed MLA (decode, or any batch): q_latent{T, H, L}, q_pe{T, H, R};
-  // cache{S, L + R} holds [c_kv | k_pe] per slot; out{T, H, L} is the
-  // attention-weighted sum of c_kv (W_UV is applied by the caller).
-  // Scores = (q_latent·c_kv + q_pe·k_pe) * scale, causal per ForwardBatch.
-  virtual void mla_attention_absorbed(const Tensor& q_latent, const Tensor& q_pe, const Tensor& cache,
+  // Absorbed MLA (decode, or any batch): q{T, H, L + R} = [q_latent | q_pe]
+  // in the layout of the cache rows; cache{S, L + R} holds [c_kv | k_pe] per
+  // slot; out{T, H, L} is the attention-weighted sum of c_kv (W_UV is applied
+  // by the caller). Scores = q·cache_row * scale, one latent "KV head" shared
+  // by all H query heads, causal per ForwardBatch (kv_slots order).
+  virtual void mla_attention_absorbed(const Tensor& q, const Tensor& cache, const DeviceBatch& batch,
+                                      float scale, Tensor out) = 0;
+  // Non-absorbed MLA (prefill/extend): q{T, H, Dn + R}; kv{Lk, H, Dn + Dv} is
+  // kv_b_proj's output [k_nope | v] per head and k_pe{Lk, R} the roped key,
+  // both for the batch's kv tokens in kv_slots order (Lk = total kv tokens);
+  // out{T, H, Dv}. Scores = (q_nope·k_nope + q_pe·k_pe) * scale, causal.
+  virtual void mla_attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& k_pe,
                                       const DeviceBatch& batch, float scale, Tensor out) = 0;
-  // Non-absorbed MLA (prefill/extend): q{T, H, Dn + R}; k_nope{Lk, H, Dn},
-  // v{Lk, H, Dv}, k_pe{Lk, R} for the batch's kv tokens in kv_slots order
-  // (Lk = total kv tokens); out{T, H, Dv}.
-  virtual void mla_attention_expanded(const Tensor& q, const Tensor& k_nope, const Tensor& k_pe,
-                                      const Tensor& v, const DeviceBatch& batch, float scale,
-                                      Tensor out) = 0;
 
-  // Router: logits{T, E} f32 (= gate.weight · x in f32), bias{E} f32 or undefined.
-  // topk_ids I32 {T, k}, topk_weights F32 {T, k} (already normalized and scaled).
+  // Router: logits{T, E} F32 (from linear_f32_out), bias{E} (NoauxTc's
+  // e_score_correction_bias) or undefined. topk_ids I32 {T, k},
+  // topk_weights F32 {T, k} (normalized and scaled per RouterParams).
   virtual void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& p,
                          Tensor topk_ids, Tensor topk_weights) = 0;
-  // out{T, D} = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])
+  // out{T, D} = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]),
+  // expert(x) = down(silu(gate(x)) * up(x)).
   virtual void moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids,
                            const Tensor& topk_weights, Tensor out) = 0;
-  // Router logits in f32 regardless of act_dtype: out{T, E} F32 = x · gateᵀ.
-  virtual void linear_f32_out(const Tensor& x, const Tensor& w, Tensor out) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();
