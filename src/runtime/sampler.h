@@ -1,0 +1,45 @@
+#pragma once
+// Picks the next token from one row of logits: penalties, then greedy argmax
+// or temperature / top-k / top-p / min-p sampling with a per-request RNG.
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "runtime/sampling_params.h"
+
+namespace mlaserve::runtime {
+
+// xoshiro256** seeded through splitmix64: the same seed gives the same
+// stream on every platform (std:: distributions do not promise that).
+class Rng {
+ public:
+  explicit Rng(uint64_t seed);
+  uint64_t next();
+  double uniform();  // [0, 1)
+
+ private:
+  uint64_t s_[4];
+};
+
+// What penalties need to know about a sequence so far.
+struct TokenHistory {
+  std::unordered_map<int32_t, int> output_counts;  // frequency / presence
+  std::unordered_map<int32_t, int> all_counts;     // repetition (prompt + output)
+  void add_prompt(std::span<const int32_t> ids);
+  void add_output(int32_t id);
+};
+
+struct SampledToken {
+  int32_t id = 0;
+  float logprob = 0.0f;                            // of `id` under the model's distribution
+  std::vector<std::pair<int32_t, float>> top;      // top_logprobs alternatives, best first
+};
+
+// Logprobs are reported from the model's raw distribution (log_softmax of the
+// logits before penalties and temperature), as OpenAI documents them.
+SampledToken sample_token(std::span<const float> logits, const SamplingParams& params,
+                          const TokenHistory& history, Rng& rng);
+
+}  // namespace mlaserve::runtime
