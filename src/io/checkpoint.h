@@ -45,6 +45,12 @@ class Checkpoint {
 
   size_t total_bytes() const;
 
+  // Reads every page of every shard once (in parallel), showing progress,
+  // so later accesses (uploads, first forward) do not stall on disk. The
+  // pages stay in the page cache: no second copy is made.
+  void prefetch() const;
+  std::vector<std::filesystem::path> shard_paths() const;
+
  private:
   struct Shard;
   std::filesystem::path dir_;
@@ -59,7 +65,13 @@ struct ExpectedTensor {
   std::string name;
   Shape shape;
   bool fp8_quantized;  // a linear weight that is FP8 in DeepSeek's release
+  // Its dtype when not FP8, as released: BF16, except F32 for
+  // e_score_correction_bias.
+  DType dtype = DType::BF16;
 };
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c);
+
+// "x.weight" -> "x.weight_scale_inv", the block scales of an FP8 weight.
+std::string scale_inv_name(const std::string& weight_name);
 
 }  // namespace mlaserve
