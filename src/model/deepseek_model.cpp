@@ -1,0 +1,126 @@
+#include "model/deepseek_model.h"
+
+#include <spdlog/spdlog.h>
+
+#include "model/feed_forward.h"
+#include "model/yarn_rope.h"
+
+namespace mlaserve {
+
+DeepseekModel::DeepseekModel(const Checkpoint& ckpt, Backend& backend, ModelOptions options)
+    : config_(ckpt.config()), backend_(backend), options_(options) {
+  ckpt.validate_against_config();
+  const ModelConfig& c = config_;
+  const RopeTable rope = make_rope_table(c);
+  Tensor inv_freq = Tensor::empty({int64_t(rope.inv_freq.size())}, DType::F32);
+  std::copy(rope.inv_freq.begin(), rope.inv_freq.end(), inv_freq.data<float>());
+  mla_.config = &config_;
+  mla_.inv_freq = backend.load_tensor(inv_freq);
+  mla_.cos_sin_scale = rope.cos_sin_scale;
+  mla_.softmax_scale = attention_softmax_scale(c);
+
+  const int64_t D = c.hidden_size;
+  embed_tokens_ = load_param(ckpt, backend, "model.embed_tokens.weight", {c.vocab_size, D});
+  for (int i = 0; i < c.num_hidden_layers; ++i) layers_.push_back(load_decoder_layer(ckpt, backend, i));
+  final_norm_ = load_param(ckpt, backend, "model.norm.weight", {D});
+  if (c.tie_word_embeddings) {
+    lm_head_ = backend.load_weight(ckpt.get("model.embed_tokens.weight"), Tensor());
+  } else {
+    lm_head_ = load_linear(ckpt, backend, "lm_head");
+  }
+  if (options_.load_mtp && c.num_nextn_predict_layers > 0) mtp_ = load_mtp(ckpt, backend, c.num_hidden_layers);
+  spdlog::debug("model loaded: {} layers{}, backend {}", c.num_hidden_layers, mtp_ ? " + MTP" : "", backend.name());
+}
+
+bool DeepseekModel::use_absorbed(const DeviceBatch& batch) const {
+  switch (options_.mla_mode) {
+    case MlaMode::Absorbed: return true;
+    case MlaMode::Expanded: return false;
+    case MlaMode::Auto: return batch.is_decode;
+  }
+  return false;
+}
+
+void DeepseekModel::run_block(const DecoderLayerWeights& w, const DeviceBatch& batch, bool absorbed, Tensor cache,
+                              Tensor& x, Tensor& residual, bool first) {
+  const float eps = float(config_.rms_norm_eps);
+  const DType act = backend_.act_dtype();
+  Tensor normed = backend_.alloc(x.shape(), act);
+  if (first) {
+    residual = x;  // the block input starts the residual stream
+    backend_.rms_norm(x, w.input_layernorm, eps, normed);
+  } else {
+    backend_.rms_norm(x, w.input_layernorm, eps, normed, residual);
+  }
+  Tensor attn_out = backend_.alloc(x.shape(), act);
+  mla_attention(backend_, mla_, w.attn, normed, batch, absorbed, cache, attn_out);
+  backend_.rms_norm(attn_out, w.post_attention_layernorm, eps, normed, residual);
+  Tensor mlp_out = backend_.alloc(x.shape(), act);
+  if (w.moe) {
+    moe_block(backend_, *w.moe, normed, mlp_out);
+  } else {
+    dense_mlp(backend_, *w.mlp, normed, mlp_out);
+  }
+  x = mlp_out;
+}
+
+Tensor DeepseekModel::logits_for_rows(const DeviceBatch& batch, const Tensor& normed, const Weight& head) {
+  const int64_t R = batch.num_logit_rows;
+  Tensor rows = backend_.alloc({R, int64_t(config_.hidden_size)}, backend_.act_dtype());
+  backend_.gather_rows(normed, batch.logit_rows, rows);
+  Tensor logits = backend_.alloc({R, head.out_features()}, DType::F32);
+  backend_.linear_f32_out(rows, head, logits);
+  return logits;
+}
+
+Tensor DeepseekModel::forward(const ForwardBatch& batch, const std::vector<Tensor>& kv_cache, Tensor* final_hidden) {
+  const ModelConfig& c = config_;
+  MLA_CHECK(int(kv_cache.size()) == c.num_hidden_layers, "forward: {} kv-cache tensors for {} layers",
+            kv_cache.size(), c.num_hidden_layers);
+  const DeviceBatch db = backend_.prepare_batch(batch);
+  if (c.architecture == Architecture::DeepseekV32) {
+    // Without the DSA indexer, dense attention equals DSA only while every
+    // sequence fits in index_topk tokens.
+    MLA_CHECK(db.max_kv_len <= c.index_topk,
+              "DeepSeek-V3.2 sparse attention (DSA) is not implemented: sequences are limited to index_topk = {} "
+              "tokens, got {}",
+              c.index_topk, db.max_kv_len);
+  }
+  const int64_t T = db.num_tokens, D = c.hidden_size;
+  const bool absorbed = use_absorbed(db);
+  Tensor x = backend_.alloc({T, D}, backend_.act_dtype());
+  backend_.embedding(db.input_ids, embed_tokens_, x);
+  Tensor residual;
+  for (size_t i = 0; i < layers_.size(); ++i) run_block(layers_[i], db, absorbed, kv_cache[i], x, residual, i == 0);
+  Tensor normed = backend_.alloc({T, D}, backend_.act_dtype());
+  backend_.rms_norm(x, final_norm_, float(c.rms_norm_eps), normed, residual);
+  if (final_hidden) *final_hidden = normed;
+  return logits_for_rows(db, normed, lm_head_);
+}
+
+Tensor DeepseekModel::mtp_forward(const ForwardBatch& batch, const Tensor& hidden, const Tensor& mtp_cache) {
+  MLA_CHECK(mtp_.has_value(), "mtp_forward: the checkpoint has no MTP (NextN) layer, or it was not loaded");
+  const DeviceBatch db = backend_.prepare_batch(batch);
+  const int64_t T = db.num_tokens, D = config_.hidden_size;
+  MLA_CHECK(hidden.shape() == Shape({T, D}), "mtp_forward: hidden {} for {} tokens of width {}",
+            shape_str(hidden.shape()), T, D);
+  const float eps = float(config_.rms_norm_eps);
+  const DType act = backend_.act_dtype();
+  Tensor embedded = backend_.alloc({T, D}, act), embedded_normed = backend_.alloc({T, D}, act);
+  backend_.embedding(db.input_ids, mtp_->embed_tokens, embedded);
+  backend_.rms_norm(embedded, mtp_->enorm, eps, embedded_normed);
+  Tensor hidden_normed = backend_.alloc({T, D}, act);
+  backend_.rms_norm(hidden, mtp_->hnorm, eps, hidden_normed);
+  Tensor both = backend_.alloc({T, 2 * D}, act);  // [enorm(embed) | hnorm(hidden)]
+  backend_.copy_columns(embedded_normed, 0, both, 0, D);
+  backend_.copy_columns(hidden_normed, 0, both, D, D);
+  Tensor x = backend_.alloc({T, D}, act);
+  backend_.linear(both, mtp_->eh_proj, x);
+  Tensor residual;
+  run_block(mtp_->block, db, use_absorbed(db), mtp_cache, x, residual, /*first=*/true);
+  Tensor normed = backend_.alloc({T, D}, act);
+  backend_.rms_norm(x, mtp_->shared_head_norm, eps, normed, residual);
+  return logits_for_rows(db, normed, mtp_->shared_head);
+}
+
+}  // namespace mlaserve

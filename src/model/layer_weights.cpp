@@ -1,0 +1,159 @@
+#include "model/layer_weights.h"
+
+#include <fmt/format.h>
+
+namespace mlaserve {
+namespace {
+
+// Rows of a linear weight as f32 (block-FP8 rows times their scale_inv).
+void host_weight_rows_f32(const Tensor& w, const Tensor& scale_inv, int64_t row, float* out) {
+  const int64_t K = w.dim(1);
+  switch (w.dtype()) {
+    case DType::F32:
+      for (int64_t k = 0; k < K; ++k) out[k] = w.data<float>()[row * K + k];
+      return;
+    case DType::BF16:
+      for (int64_t k = 0; k < K; ++k) out[k] = bf16_to_f32(w.data<uint16_t>()[row * K + k]);
+      return;
+    case DType::F16:
+      for (int64_t k = 0; k < K; ++k) out[k] = f16_to_f32(w.data<uint16_t>()[row * K + k]);
+      return;
+    case DType::F8_E4M3: {
+      const float* scale_row = scale_inv.data<float>() + (row / 128) * scale_inv.dim(1);
+      for (int64_t k = 0; k < K; ++k) out[k] = fp8e4m3_to_f32(w.data<uint8_t>()[row * K + k]) * scale_row[k / 128];
+      return;
+    }
+    default:
+      fail("linear weight dtype {} not supported", dtype_name(w.dtype()));
+  }
+}
+
+RouterParams routing_params(const ModelConfig& c) {
+  RouterParams p;
+  if (c.topk_method == "greedy") p.method = TopkMethod::Greedy;
+  else if (c.topk_method == "group_limited_greedy") p.method = TopkMethod::GroupLimitedGreedy;
+  else if (c.topk_method == "noaux_tc") p.method = TopkMethod::NoauxTc;
+  else fail("config.json: unknown topk_method '{}' (greedy, group_limited_greedy, noaux_tc)", c.topk_method);
+  if (c.scoring_func == "softmax") p.scoring = ScoringFunc::Softmax;
+  else if (c.scoring_func == "sigmoid") p.scoring = ScoringFunc::Sigmoid;
+  else fail("config.json: unknown scoring_func '{}' (softmax, sigmoid)", c.scoring_func);
+  p.top_k = c.num_experts_per_tok;
+  p.n_group = c.n_group;
+  p.topk_group = c.topk_group;
+  if (c.architecture == Architecture::DeepseekV2) {
+    // DeepSeek-V2's gate: renormalize (top_k > 1 and norm_topk_prob) or scale, not both.
+    p.renormalize = c.norm_topk_prob && c.num_experts_per_tok > 1;
+    p.scaling = p.renormalize ? 1.0f : float(c.routed_scaling_factor);
+  } else {
+    // DeepSeek-V3's gate: renormalize if asked, then always scale.
+    p.renormalize = c.norm_topk_prob;
+    p.scaling = float(c.routed_scaling_factor);
+  }
+  return p;
+}
+
+MlpWeights load_mlp(const Checkpoint& ckpt, Backend& backend, const std::string& prefix) {
+  return MlpWeights{load_linear(ckpt, backend, prefix + "gate_proj"), load_linear(ckpt, backend, prefix + "up_proj"),
+                    load_linear(ckpt, backend, prefix + "down_proj")};
+}
+
+MlaWeights load_mla(const Checkpoint& ckpt, Backend& backend, const std::string& p) {
+  const ModelConfig& c = ckpt.config();
+  const int64_t H = c.num_attention_heads, L = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dv = c.v_head_dim;
+  MlaWeights w;
+  if (c.q_lora_rank) {
+    w.q_a_proj = load_linear(ckpt, backend, p + "q_a_proj");
+    w.q_a_layernorm = load_param(ckpt, backend, p + "q_a_layernorm.weight", {*c.q_lora_rank});
+    w.q_b_proj = load_linear(ckpt, backend, p + "q_b_proj");
+  } else {
+    w.q_proj = load_linear(ckpt, backend, p + "q_proj");
+  }
+  w.kv_a_proj_with_mqa = load_linear(ckpt, backend, p + "kv_a_proj_with_mqa");
+  w.kv_a_layernorm = load_param(ckpt, backend, p + "kv_a_layernorm.weight", {L});
+  w.kv_b_proj = load_linear(ckpt, backend, p + "kv_b_proj");
+  w.o_proj = load_linear(ckpt, backend, p + "o_proj");
+
+  // W_UK / W_UV for the absorbed form, from the host copy of kv_b_proj.
+  const Tensor kv_b = ckpt.get(p + "kv_b_proj.weight");
+  MLA_CHECK(kv_b.shape() == Shape({H * (Dn + Dv), L}), "{}kv_b_proj.weight: shape {} but config implies [{}, {}]", p,
+            shape_str(kv_b.shape()), H * (Dn + Dv), L);
+  const Tensor kv_b_scale = kv_b.dtype() == DType::F8_E4M3 ? ckpt.get(p + "kv_b_proj.weight_scale_inv") : Tensor();
+  Tensor w_uk = Tensor::empty({H, Dn, L}, DType::F32), w_uv = Tensor::empty({H, Dv, L}, DType::F32);
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t d = 0; d < Dn; ++d)
+      host_weight_rows_f32(kv_b, kv_b_scale, h * (Dn + Dv) + d, w_uk.data<float>() + (h * Dn + d) * L);
+    for (int64_t d = 0; d < Dv; ++d)
+      host_weight_rows_f32(kv_b, kv_b_scale, h * (Dn + Dv) + Dn + d, w_uv.data<float>() + (h * Dv + d) * L);
+  }
+  w.w_uk = backend.load_tensor(w_uk);
+  w.w_uv = backend.load_tensor(w_uv);
+  return w;
+}
+
+}  // namespace
+
+Weight load_linear(const Checkpoint& ckpt, Backend& backend, const std::string& prefix) {
+  const Tensor w = ckpt.get(prefix + ".weight");
+  Tensor scale;
+  if (w.dtype() == DType::F8_E4M3) scale = ckpt.get(prefix + ".weight_scale_inv");
+  try {
+    return backend.load_weight(w, scale);
+  } catch (const Error& e) {
+    fail("{}.weight: {}", prefix, e.what());
+  }
+}
+
+Tensor load_param(const Checkpoint& ckpt, Backend& backend, const std::string& name, const Shape& shape) {
+  const Tensor t = ckpt.get(name);
+  MLA_CHECK(t.shape() == shape, "{}: shape {} but the config implies {}", name, shape_str(t.shape()),
+            shape_str(shape));
+  return backend.load_tensor(t);
+}
+
+DecoderLayerWeights load_decoder_layer(const Checkpoint& ckpt, Backend& backend, int index) {
+  const ModelConfig& c = ckpt.config();
+  const std::string p = fmt::format("model.layers.{}.", index);
+  const int64_t D = c.hidden_size;
+  DecoderLayerWeights w;
+  w.input_layernorm = load_param(ckpt, backend, p + "input_layernorm.weight", {D});
+  w.post_attention_layernorm = load_param(ckpt, backend, p + "post_attention_layernorm.weight", {D});
+  w.attn = load_mla(ckpt, backend, p + "self_attn.");
+  if (!c.is_moe_layer(index)) {
+    w.mlp = load_mlp(ckpt, backend, p + "mlp.");
+    return w;
+  }
+  MoeWeights moe;
+  moe.routing = routing_params(c);
+  moe.router = load_linear(ckpt, backend, p + "mlp.gate");
+  if (moe.routing.method == TopkMethod::NoauxTc)
+    moe.score_correction_bias =
+        load_param(ckpt, backend, p + "mlp.gate.e_score_correction_bias", {int64_t(c.n_routed_experts)});
+  std::vector<Weight> gate, up, down;
+  for (int e = 0; e < c.n_routed_experts; ++e) {
+    const std::string ep = fmt::format("{}mlp.experts.{}.", p, e);
+    gate.push_back(load_linear(ckpt, backend, ep + "gate_proj"));
+    up.push_back(load_linear(ckpt, backend, ep + "up_proj"));
+    down.push_back(load_linear(ckpt, backend, ep + "down_proj"));
+  }
+  moe.experts = backend.load_experts(std::move(gate), std::move(up), std::move(down));
+  if (c.n_shared_experts > 0) moe.shared_experts = load_mlp(ckpt, backend, p + "mlp.shared_experts.");
+  w.moe = std::move(moe);
+  return w;
+}
+
+MtpWeights load_mtp(const Checkpoint& ckpt, Backend& backend, int index) {
+  const ModelConfig& c = ckpt.config();
+  const std::string p = fmt::format("model.layers.{}.", index);
+  const int64_t D = c.hidden_size;
+  MtpWeights w;
+  w.embed_tokens = load_param(ckpt, backend, p + "embed_tokens.weight", {c.vocab_size, D});
+  w.enorm = load_param(ckpt, backend, p + "enorm.weight", {D});
+  w.hnorm = load_param(ckpt, backend, p + "hnorm.weight", {D});
+  w.eh_proj = load_linear(ckpt, backend, p + "eh_proj");
+  w.block = load_decoder_layer(ckpt, backend, index);
+  w.shared_head_norm = load_param(ckpt, backend, p + "shared_head.norm.weight", {D});
+  w.shared_head = load_linear(ckpt, backend, p + "shared_head.head");
+  return w;
+}
+
+}  // namespace mlaserve

@@ -1,0 +1,63 @@
+#pragma once
+// The weights of one DeepSeek decoder block (and of the MTP block), loaded
+// from a checkpoint onto a backend under their Hugging Face names.
+#include <optional>
+#include <string>
+
+#include "io/checkpoint.h"
+#include "kernels/backend.h"
+
+namespace mlaserve {
+
+struct MlaWeights {
+  std::optional<Weight> q_proj;                  // q_lora_rank null (V2-Lite)
+  std::optional<Weight> q_a_proj, q_b_proj;      // q_lora_rank set
+  Tensor q_a_layernorm;
+  Weight kv_a_proj_with_mqa;                     // {L + R, D}
+  Tensor kv_a_layernorm;                         // {L}
+  Weight kv_b_proj;                              // {H * (Dn + Dv), L}
+  // kv_b_proj split per head for the absorbed form, dequantized to f32:
+  Tensor w_uk;                                   // {H, Dn, L}
+  Tensor w_uv;                                   // {H, Dv, L}
+  Weight o_proj;                                 // {D, H * Dv}
+};
+
+struct MlpWeights {
+  Weight gate_proj, up_proj, down_proj;
+};
+
+struct MoeWeights {
+  Weight router;                                 // gate.weight {E, D}
+  Tensor score_correction_bias;                  // noaux_tc only, else undefined
+  ExpertWeights experts;
+  std::optional<MlpWeights> shared_experts;
+  RouterParams routing;
+};
+
+struct DecoderLayerWeights {
+  Tensor input_layernorm, post_attention_layernorm;
+  MlaWeights attn;
+  std::optional<MlpWeights> mlp;                 // dense layers
+  std::optional<MoeWeights> moe;                 // MoE layers
+};
+
+// The NextN block: enorm(embed(next token)) and hnorm(hidden) concatenated,
+// eh_proj, a decoder block, then shared_head (norm + head).
+struct MtpWeights {
+  Tensor embed_tokens, enorm, hnorm;
+  Weight eh_proj;                                // {D, 2D}
+  DecoderLayerWeights block;
+  Tensor shared_head_norm;
+  Weight shared_head;                            // {V, D}
+};
+
+// A linear weight `prefix`.weight (with `prefix`.weight_scale_inv when FP8).
+Weight load_linear(const Checkpoint& ckpt, Backend& backend, const std::string& prefix);
+// Any other tensor by full name, checked against the expected shape.
+Tensor load_param(const Checkpoint& ckpt, Backend& backend, const std::string& name, const Shape& shape);
+
+// Block `index` under "model.layers.{index}." (the MTP block too).
+DecoderLayerWeights load_decoder_layer(const Checkpoint& ckpt, Backend& backend, int index);
+MtpWeights load_mtp(const Checkpoint& ckpt, Backend& backend, int index);
+
+}  // namespace mlaserve

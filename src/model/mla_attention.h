@@ -1,0 +1,30 @@
+#pragma once
+// Multi-head latent attention of one block, in either form:
+// - expanded (prefill): kv_b_proj expands every cached c_kv to per-head
+//   k_nope and v, then ordinary attention with head dim Dn + R for q·k;
+// - absorbed (decode): W_UK is folded into q and W_UV applied after
+//   attention, which then reads the L + R wide latent cache rows directly.
+// Both compute the same function; the absorbed form reads far less memory per
+// decoded token, the expanded one does fewer FLOPs on long prompts.
+#include "io/model_config.h"
+#include "kernels/backend.h"
+#include "model/layer_weights.h"
+
+namespace mlaserve {
+
+enum class MlaMode { Auto, Absorbed, Expanded };
+
+struct MlaContext {
+  const ModelConfig* config = nullptr;
+  Tensor inv_freq;            // F32 {R / 2} on the backend
+  float cos_sin_scale = 1.0f;
+  float softmax_scale = 1.0f;
+};
+
+// out{T, D} = o_proj(attention(h{T, D})). Writes this batch's latent rows
+// [c_kv | k_pe] to cache{S, L + R} at batch.out_slots first, then attends
+// over each sequence's kv_slots.
+void mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w, const Tensor& h,
+                   const DeviceBatch& batch, bool absorbed, Tensor cache, Tensor out);
+
+}  // namespace mlaserve
