@@ -1,0 +1,62 @@
+#pragma once
+// 16-byte vectors of eight bf16 values, the unit of every memory-bound
+// kernel here (HOPPER.md: 16-byte accesses per thread, coalesced).
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace mlaserve::cuda {
+
+struct alignas(16) Bf16x8 {
+  __nv_bfloat162 h[4];
+
+  __device__ __forceinline__ static Bf16x8 load(const __nv_bfloat16* p) {
+    Bf16x8 v;
+    *reinterpret_cast<uint4*>(&v) = *reinterpret_cast<const uint4*>(p);
+    return v;
+  }
+  __device__ __forceinline__ void store(__nv_bfloat16* p) const {
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(this);
+  }
+  __device__ __forceinline__ void to_float(float (&f)[8]) const {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float2 t = __bfloat1622float2(h[i]);
+      f[2 * i] = t.x;
+      f[2 * i + 1] = t.y;
+    }
+  }
+  __device__ __forceinline__ static Bf16x8 from_float(const float (&f)[8]) {
+    Bf16x8 v;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v.h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    return v;
+  }
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over a block of blockDim.x threads (a multiple of 32, at most 1024).
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x >> 5;
+  v = lane < warps ? partial[lane] : 0.0f;
+  return warp_sum(v);
+}
+
+}  // namespace mlaserve::cuda

@@ -1,0 +1,44 @@
+#pragma once
+// Absorbed-MLA attention (decode, or any batch) over the slot-addressed latent
+// cache: q{T, H, L + R} = [q_nope·W_UK | q_pe], cache{S, L + R} = [c_kv | k_pe],
+// out{T, H, L} = softmax(q·cacheᵀ · scale) · c_kv, causal per sequence.
+//
+// One latent "KV head" serves all H query heads, so a block takes 16 heads
+// of one token and every latent row it loads feeds all 16 (FlashMLA's idea;
+// QK and PV on tensor cores). Small batches split the KV sequence across
+// blocks and a merge kernel combines the partial softmax results.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mlaserve::cuda {
+
+struct MlaAbsorbedParams {
+  const __nv_bfloat16* q = nullptr;      // {T, H, L + R}
+  const __nv_bfloat16* cache = nullptr;  // {S, L + R}
+  const int32_t* q_indptr = nullptr;     // {B + 1}
+  const int32_t* kv_indptr = nullptr;    // {B + 1}
+  const int32_t* kv_slots = nullptr;     // {kv_indptr[B]}
+  int num_seqs = 0, num_tokens = 0, num_heads = 0, latent_dim = 0, rope_dim = 0;
+  float scale = 1.0f;
+  __nv_bfloat16* out = nullptr;  // {T, H, L}
+  // Split-KV scratch (num_splits > 1): {num_splits, T, H, L} and {num_splits, T, H} f32.
+  float* partial_out = nullptr;
+  float* partial_lse = nullptr;
+  int num_splits = 1;
+};
+
+// Splits that fill the GPU for this many tokens and heads (depends on the
+// batch shape only, so a captured graph keeps a valid choice).
+int mla_absorbed_num_splits(int num_tokens, int num_heads, int sm_count);
+size_t mla_absorbed_workspace_bytes(int num_tokens, int num_heads, int latent_dim, int num_splits);
+
+// True for the shapes the tensor-core kernel handles (L = 512, R = 64, as in
+// every DeepSeek V2/V3 checkpoint); others take a simple reference kernel.
+bool mla_absorbed_has_fast_path(int latent_dim, int rope_dim);
+
+void mla_attention_absorbed(const MlaAbsorbedParams& p, cudaStream_t stream);
+
+}  // namespace mlaserve::cuda

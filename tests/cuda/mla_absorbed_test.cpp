@@ -1,0 +1,125 @@
+// Absorbed-MLA attention against a host softmax(q·k) v in f64, over ragged
+// batches (decode and extend rows), several split counts, and head counts
+// that do and do not fill the 16-head tile; plus the reference-kernel path
+// for widths the tensor-core kernel does not take.
+#include "kernels/cuda/mla_absorbed.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "cuda_test_util.h"
+
+namespace mlaserve::cuda::testing {
+namespace {
+
+struct Case {
+  std::vector<int> q_lens, kv_lens;
+  int heads, latent, rope, splits;  // splits 0: the launcher's choice
+};
+
+double run_case(const Case& c, unsigned seed) {
+  std::mt19937 rng(seed);
+  const int D = c.latent + c.rope, B = int(c.q_lens.size());
+  std::vector<int32_t> q_indptr{0}, kv_indptr{0}, kv_slots;
+  int total_kv = 0;
+  for (int b = 0; b < B; ++b) {
+    q_indptr.push_back(q_indptr.back() + c.q_lens[b]);
+    kv_indptr.push_back(kv_indptr.back() + c.kv_lens[b]);
+    total_kv += c.kv_lens[b];
+  }
+  const int T = q_indptr.back(), S = total_kv + 37;
+  // Slots are a random permutation of the pool: rows are not contiguous.
+  std::vector<int32_t> perm(S);
+  for (int i = 0; i < S; ++i) perm[i] = i;
+  std::shuffle(perm.begin(), perm.end(), rng);
+  kv_slots.assign(perm.begin(), perm.begin() + total_kv);
+  auto q = random_bf16(size_t(T) * c.heads * D, rng), cache = random_bf16(size_t(S) * D, rng);
+  const float scale = 0.25f;
+
+  std::vector<double> ref(size_t(T) * c.heads * c.latent);
+  for (int b = 0; b < B; ++b)
+    for (int i = 0; i < c.q_lens[b]; ++i) {
+      const int t = q_indptr[b] + i, attend = c.kv_lens[b] - c.q_lens[b] + i + 1;
+      for (int h = 0; h < c.heads; ++h) {
+        std::vector<double> s(attend);
+        double mx = -INFINITY;
+        for (int j = 0; j < attend; ++j) {
+          const size_t row = size_t(kv_slots[kv_indptr[b] + j]) * D, qi = (size_t(t) * c.heads + h) * D;
+          double dot = 0;
+          for (int d = 0; d < D; ++d) dot += double(bf16_to_f32(q[qi + d])) * bf16_to_f32(cache[row + d]);
+          s[j] = dot * scale;
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0;
+        for (auto& v : s) sum += (v = std::exp(v - mx));
+        for (int d = 0; d < c.latent; ++d) {
+          double acc = 0;
+          for (int j = 0; j < attend; ++j)
+            acc += s[j] * bf16_to_f32(cache[size_t(kv_slots[kv_indptr[b] + j]) * D + d]);
+          ref[(size_t(t) * c.heads + h) * c.latent + d] = acc / sum;
+        }
+      }
+    }
+
+  int sm_count = 0;
+  MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0), "test");
+  const int splits = c.splits ? c.splits : mla_absorbed_num_splits(T, c.heads, sm_count);
+  auto dq = upload(q), dcache = upload(cache), dqi = upload(q_indptr), dki = upload(kv_indptr),
+       dslots = upload(kv_slots);
+  auto dout = poisoned(size_t(T) * c.heads * c.latent * 2);
+  DeviceBuffer work(mla_absorbed_workspace_bytes(T, c.heads, c.latent, splits));
+  MlaAbsorbedParams p;
+  p.q = dq.get<__nv_bfloat16>();
+  p.cache = dcache.get<__nv_bfloat16>();
+  p.q_indptr = dqi.get<int32_t>();
+  p.kv_indptr = dki.get<int32_t>();
+  p.kv_slots = dslots.get<int32_t>();
+  p.num_seqs = B;
+  p.num_tokens = T;
+  p.num_heads = c.heads;
+  p.latent_dim = c.latent;
+  p.rope_dim = c.rope;
+  p.scale = scale;
+  p.out = dout.get<__nv_bfloat16>();
+  p.num_splits = splits;
+  if (splits > 1) {
+    p.partial_out = work.get<float>();
+    p.partial_lse = p.partial_out + size_t(splits) * T * c.heads * c.latent;
+  }
+  mla_attention_absorbed(p, nullptr);
+  const double err = rel_l2(to_float(download<uint16_t>(dout, ref.size())), ref);
+  std::printf("[rel_l2] mla_absorbed T=%d H=%d L=%d R=%d splits=%d: %.2e\n", T, c.heads, c.latent, c.rope,
+              splits, err);
+  return err;
+}
+
+TEST(MlaAbsorbed, DecodeBatchSingleSplit) {
+  MLA_SKIP_WITHOUT_GPU();
+  EXPECT_LT(run_case({{1, 1, 1}, {1, 77, 300}, 16, 512, 64, 1}, 1), 1e-2);
+}
+
+TEST(MlaAbsorbed, DecodeSplitKvMergesPartials) {
+  MLA_SKIP_WITHOUT_GPU();
+  // 7 splits of a 100-row context leaves some splits empty.
+  EXPECT_LT(run_case({{1, 1}, {1000, 100}, 16, 512, 64, 7}, 2), 1e-2);
+  EXPECT_LT(run_case({{1}, {2049}, 16, 512, 64, 0}, 3), 1e-2);
+}
+
+TEST(MlaAbsorbed, HeadCountsThatDoNotFillTheTile) {
+  MLA_SKIP_WITHOUT_GPU();
+  EXPECT_LT(run_case({{1, 1}, {65, 130}, 20, 512, 64, 2}, 4), 1e-2);
+  EXPECT_LT(run_case({{1}, {40}, 128, 512, 64, 1}, 5), 1e-2);
+}
+
+TEST(MlaAbsorbed, ExtendRowsAreCausalWithinTheNewTokens) {
+  MLA_SKIP_WITHOUT_GPU();
+  EXPECT_LT(run_case({{5, 1, 33}, {5, 9, 90}, 16, 512, 64, 3}, 6), 1e-2);
+}
+
+TEST(MlaAbsorbed, OtherWidthsUseTheReferenceKernel) {
+  MLA_SKIP_WITHOUT_GPU();
+  EXPECT_LT(run_case({{1, 3}, {17, 10}, 4, 32, 16, 1}, 7), 1e-2);
+}
+
+}  // namespace
+}  // namespace mlaserve::cuda::testing
