@@ -1,0 +1,233 @@
+#include "runtime/engine.h"
+
+#include <spdlog/spdlog.h>
+
+namespace mlaserve::runtime {
+
+Engine::Engine(std::unique_ptr<ModelRunner> runner, EngineConfig config, TextStreamFactory text_streams)
+    : runner_(std::move(runner)),
+      config_(std::move(config)),
+      scheduler_(config_.scheduler, std::move(text_streams)) {
+  capacity_tokens_ = scheduler_.capacity_tokens();
+  vocab_size_ = runner_->vocab_size();
+  stats_ = scheduler_.stats();
+  step_thread_ = std::thread([this] { step_thread(); });
+  engine_thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  engine_thread_.join();
+  step_thread_.join();
+}
+
+uint64_t Engine::submit(GenerateRequest g) {
+  g.params.validate();
+  const int n = int(g.input_ids.size());
+  const int context = config_.scheduler.context_length;
+  MLA_CHECK(n > 0, "the prompt is empty");
+  for (int32_t id : g.input_ids)
+    MLA_CHECK(id >= 0 && id < vocab_size_, "token id {} is outside the vocabulary [0, {})", id, vocab_size_);
+  MLA_CHECK(n < context, "the prompt has {} tokens; the context length is {} (prompt plus at least one new token)",
+            n, context);
+  MLA_CHECK(n + 1 <= capacity_tokens_, "the prompt has {} tokens; the KV cache holds {} tokens in all", n,
+            capacity_tokens_);
+  g.params.max_new_tokens = std::min(g.params.max_new_tokens, context - n);
+
+  auto r = std::make_unique<Request>();
+  r->tokens = std::move(g.input_ids);
+  r->prompt_len = n;
+  r->params = std::move(g.params);
+  auto user_callback = std::move(g.on_output);
+  r->on_output = [this, user_callback](RequestOutput&& out) {
+    bool last = out.finished();
+    if (user_callback) user_callback(std::move(out));
+    if (last) {
+      std::lock_guard lk(mu_);
+      --in_flight_;
+      cv_.notify_all();
+    }
+  };
+  std::lock_guard lk(mu_);
+  if (draining_ || stopping_) throw QueueFullError("the server is shutting down");
+  if (in_flight_ >= config_.max_queued_requests + config_.scheduler.max_running_requests)
+    throw QueueFullError(fmt::format("the request queue is full ({} requests in flight)", in_flight_));
+  r->id = next_id_++;
+  uint64_t id = r->id;
+  ++in_flight_;
+  inbox_.push_back(Command{std::move(r)});
+  cv_.notify_all();
+  return id;
+}
+
+void Engine::abort(uint64_t id) {
+  std::lock_guard lk(mu_);
+  Command c;
+  c.abort_id = id;
+  inbox_.push_back(std::move(c));
+  cv_.notify_all();
+}
+
+bool Engine::flush_cache() {
+  std::promise<bool> done;
+  auto result = done.get_future();
+  {
+    std::lock_guard lk(mu_);
+    Command c;
+    c.flush = &done;
+    inbox_.push_back(std::move(c));
+  }
+  cv_.notify_all();
+  return result.get();
+}
+
+bool Engine::drain(std::chrono::milliseconds timeout) {
+  std::unique_lock lk(mu_);
+  draining_ = true;
+  return cv_.wait_for(lk, timeout, [&] { return in_flight_ == 0; });
+}
+
+SchedulerStats Engine::stats() const {
+  std::lock_guard lk(mu_);
+  return stats_;
+}
+
+std::vector<GenerateResult> Engine::generate(std::vector<GenerateRequest> batch) {
+  std::mutex m;
+  std::condition_variable done_cv;
+  std::vector<GenerateResult> results(batch.size());
+  size_t done = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    auto user_callback = std::move(batch[i].on_output);
+    batch[i].on_output = [&, i, user_callback](RequestOutput&& out) {
+      std::lock_guard lk(m);
+      GenerateResult& res = results[i];
+      res.output_ids.insert(res.output_ids.end(), out.token_ids.begin(), out.token_ids.end());
+      res.text += out.text;
+      res.logprobs.insert(res.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
+      bool last = out.finished();
+      if (user_callback) user_callback(RequestOutput(out));
+      if (last) {
+        res.final_output = std::move(out);
+        ++done;
+        done_cv.notify_all();
+      }
+    };
+  }
+  // Submit everything before waiting; a rejected request aborts the ones
+  // already queued so nothing keeps running for a caller that is gone.
+  std::vector<uint64_t> ids;
+  try {
+    for (auto& g : batch) ids.push_back(submit(std::move(g)));
+  } catch (...) {
+    for (uint64_t id : ids) abort(id);
+    std::unique_lock lk(m);
+    done_cv.wait(lk, [&] { return done == ids.size(); });
+    throw;
+  }
+  std::unique_lock lk(m);
+  done_cv.wait(lk, [&] { return done == batch.size(); });
+  return results;
+}
+
+void Engine::apply(std::vector<Command>& commands) {
+  for (auto& c : commands) {
+    if (c.add) {
+      scheduler_.add(std::move(c.add));
+    } else if (c.flush) {
+      c.flush->set_value(!scheduler_.has_work() && scheduler_.flush_cache());
+    } else {
+      scheduler_.abort(c.abort_id);
+    }
+  }
+  commands.clear();
+}
+
+void Engine::step_thread() {
+  std::unique_lock lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [&] { return stopping_ || step_batch_ != nullptr; });
+    if (!step_batch_) return;
+    const ForwardBatch* batch = step_batch_;
+    lk.unlock();
+    Tensor logits;
+    std::exception_ptr error;
+    try {
+      logits = runner_->forward(*batch);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lk.lock();
+    step_logits_ = std::move(logits);
+    step_error_ = error;
+    step_batch_ = nullptr;
+    step_done_ = true;
+    cv_.notify_all();
+  }
+}
+
+void Engine::loop() {
+  std::vector<Command> commands;
+  for (;;) {
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stopping_ || !inbox_.empty() || scheduler_.has_work(); });
+      if (stopping_) break;
+      commands.swap(inbox_);
+    }
+    apply(commands);
+    auto batch = scheduler_.next_batch();
+    if (batch) {
+      std::unique_lock lk(mu_);
+      step_done_ = false;
+      step_batch_ = &batch->forward;
+      cv_.notify_all();
+      // While the step runs, take in new requests and aborts (aborts of
+      // requests in this batch take effect once it completes).
+      for (;;) {
+        cv_.wait(lk, [&] { return step_done_ || !inbox_.empty(); });
+        if (!inbox_.empty()) {
+          commands.swap(inbox_);
+          lk.unlock();
+          apply(commands);
+          lk.lock();
+          continue;
+        }
+        break;
+      }
+      Tensor logits = std::move(step_logits_);
+      std::exception_ptr error = step_error_;
+      lk.unlock();
+      if (error) {
+        std::string what = "model step failed";
+        try {
+          std::rethrow_exception(error);
+        } catch (const std::exception& e) {
+          what += std::string(": ") + e.what();
+        }
+        spdlog::error("{}; aborting the {} requests of the batch", what, batch->entries.size());
+        for (auto& e : batch->entries) scheduler_.abort(e.request->id, what);
+      } else {
+        scheduler_.process(*batch, logits);
+      }
+      if (config_.check_invariants) scheduler_.check_invariants();
+    }
+    std::lock_guard lk(mu_);
+    stats_ = scheduler_.stats();
+  }
+  {
+    std::lock_guard lk(mu_);
+    for (auto& c : inbox_)
+      if (c.flush) c.flush->set_value(false);
+    commands.swap(inbox_);
+  }
+  for (auto& c : commands)
+    if (c.add) scheduler_.add(std::move(c.add));
+  scheduler_.abort_all("the engine shut down");
+}
+
+}  // namespace mlaserve::runtime

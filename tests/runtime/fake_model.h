@@ -1,0 +1,83 @@
+#pragma once
+// A deterministic stand-in for the model in scheduler and engine tests. It
+// keeps a "KV cache" of the token written to each slot and derives the next
+// token from the tokens it reads back through the batch's kv slots, so any
+// paging, prefix-reuse or retraction bug that makes a sequence read a wrong
+// row changes its output. The expected output is computed independently by
+// hashing the plain token sequence.
+#include <cstdint>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+#include "runtime/model_runner.h"
+#include "runtime/text_stream.h"
+
+namespace mlaserve::runtime::testing {
+
+inline int32_t next_token_of(const std::vector<int32_t>& context, int vocab) {
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t t : context) h = (h ^ uint64_t(t)) * 1099511628211ull;
+  return int32_t(h % uint64_t(vocab));
+}
+
+// Greedy continuation the fake model must produce for `prompt`.
+inline std::vector<int32_t> expected_continuation(std::vector<int32_t> prompt, int n, int vocab) {
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    int32_t t = next_token_of(prompt, vocab);
+    out.push_back(t);
+    prompt.push_back(t);
+  }
+  return out;
+}
+
+class FakeModel : public ModelRunner {
+ public:
+  FakeModel(int num_slots, int vocab) : cache_(size_t(num_slots), -1), vocab_(vocab) {}
+  int vocab_size() const override { return vocab_; }
+
+  Tensor forward(const ForwardBatch& b) override {
+    ++steps;
+    max_batch_tokens = std::max(max_batch_tokens, b.num_tokens());
+    max_batch_seqs = std::max(max_batch_seqs, b.num_seqs());
+    for (int t = 0; t < b.num_tokens(); ++t) cache_.at(size_t(b.out_slots[size_t(t)])) = b.input_ids[size_t(t)];
+    Tensor logits = Tensor::zeros({int64_t(b.logit_rows.size()), vocab_}, DType::F32);
+    for (size_t r = 0; r < b.logit_rows.size(); ++r) {
+      int row = b.logit_rows[r];
+      int s = 0;
+      while (b.q_indptr[size_t(s) + 1] <= row) ++s;
+      int q_len = b.q_indptr[size_t(s) + 1] - b.q_indptr[size_t(s)];
+      int kv_len = b.kv_indptr[size_t(s) + 1] - b.kv_indptr[size_t(s)];
+      int visible = kv_len - q_len + (row - b.q_indptr[size_t(s)]) + 1;
+      std::vector<int32_t> context;
+      for (int i = 0; i < visible; ++i) {
+        int32_t tok = cache_.at(size_t(b.kv_slots[size_t(b.kv_indptr[size_t(s)] + i)]));
+        if (tok < 0) throw std::runtime_error("fake model read an unwritten cache slot");
+        context.push_back(tok);
+      }
+      logits.data<float>()[r * size_t(vocab_) + size_t(next_token_of(context, vocab_))] = 10.0f;
+    }
+    return logits;
+  }
+
+  int steps = 0;
+  int max_batch_tokens = 0;
+  int max_batch_seqs = 0;
+
+ private:
+  std::vector<int32_t> cache_;
+  int vocab_;
+};
+
+// Token id -> a fixed two-letter string, so stop strings can straddle tokens.
+class LetterStream : public TextStream {
+ public:
+  static std::string text_of(int32_t id) {
+    return {char('a' + id % 26), char('a' + (id / 26) % 26)};
+  }
+  std::string push(int32_t id) override { return text_of(id); }
+  std::string flush() override { return {}; }
+};
+
+}  // namespace mlaserve::runtime::testing

@@ -1,0 +1,250 @@
+#include "runtime/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+#include "fake_model.h"
+
+using namespace mlaserve;
+using namespace mlaserve::runtime;
+using namespace mlaserve::runtime::testing;
+
+namespace {
+
+constexpr int kVocab = 97;
+
+struct Harness {
+  Scheduler sched;
+  FakeModel model;
+  std::map<uint64_t, std::vector<RequestOutput>> outputs;
+  uint64_t next_id = 1;
+
+  explicit Harness(SchedulerConfig c, bool text = false)
+      : sched(c, text ? TextStreamFactory([](bool) { return std::make_unique<LetterStream>(); })
+                      : TextStreamFactory()),
+        model(c.num_pages * c.page_size, kVocab) {}
+
+  uint64_t add(std::vector<int32_t> prompt, SamplingParams p) {
+    auto r = std::make_unique<Request>();
+    r->id = next_id++;
+    r->prompt_len = int(prompt.size());
+    r->tokens = std::move(prompt);
+    r->params = p;
+    uint64_t id = r->id;
+    r->on_output = [this, id](RequestOutput&& o) { outputs[id].push_back(std::move(o)); };
+    sched.add(std::move(r));
+    return id;
+  }
+
+  // Runs until idle, checking every invariant after every step.
+  void run() {
+    for (int guard = 0; sched.has_work(); ++guard) {
+      ASSERT_LT(guard, 100000) << "scheduler made no progress";
+      auto b = sched.next_batch();
+      if (!b) {
+        // Only legal when the step finished the last request itself.
+        ASSERT_FALSE(sched.has_work()) << "work left but nothing scheduled";
+        break;
+      }
+      const auto& c = sched.config();
+      if (c.chunked_prefill_size > 0) ASSERT_LE(b->forward.num_tokens(), std::max(c.chunked_prefill_size, b->num_decode));
+      ASSERT_LE(int(sched.num_running()), c.max_running_requests);
+      Tensor logits = model.forward(b->forward);
+      sched.process(*b, logits);
+      sched.check_invariants();
+    }
+  }
+
+  std::vector<int32_t> tokens(uint64_t id) {
+    std::vector<int32_t> t;
+    for (auto& o : outputs[id]) t.insert(t.end(), o.token_ids.begin(), o.token_ids.end());
+    return t;
+  }
+  std::string text(uint64_t id) {
+    std::string s;
+    for (auto& o : outputs[id]) s += o.text;
+    return s;
+  }
+  const RequestOutput& last(uint64_t id) { return outputs.at(id).back(); }
+};
+
+SamplingParams greedy(int max_new) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_new_tokens = max_new;
+  return p;
+}
+
+std::vector<int32_t> random_prompt(std::mt19937& rng, const std::vector<int32_t>& prefix, int extra) {
+  auto p = prefix;
+  for (int i = 0; i < extra; ++i) p.push_back(int32_t(rng() % kVocab));
+  return p;
+}
+
+}  // namespace
+
+TEST(Scheduler, ContinuousBatchingUnderMemoryPressureGivesExactOutputs) {
+  for (int page_size : {1, 4}) {
+    for (bool radix : {true, false}) {
+      SchedulerConfig c;
+      c.page_size = page_size;
+      c.num_pages = 128 / page_size;  // small: forces eviction and retraction
+      c.max_running_requests = 8;
+      c.chunked_prefill_size = 16;
+      c.context_length = 1000;
+      c.enable_radix_cache = radix;
+      Harness h(c);
+      std::mt19937 rng(page_size * 10 + radix);
+      std::vector<int32_t> system_prompt = random_prompt(rng, {}, 24);
+      std::map<uint64_t, std::vector<int32_t>> prompts;
+      std::map<uint64_t, int> max_new;
+      for (int i = 0; i < 24; ++i) {
+        auto prompt = random_prompt(rng, i % 2 ? system_prompt : std::vector<int32_t>{}, 1 + int(rng() % 30));
+        int n = 20 + int(rng() % 60);
+        uint64_t id = h.add(prompt, greedy(n));
+        prompts[id] = prompt;
+        max_new[id] = n;
+      }
+      h.run();
+      for (auto& [id, prompt] : prompts) {
+        EXPECT_EQ(h.tokens(id), expected_continuation(prompt, max_new[id], kVocab)) << "request " << id;
+        EXPECT_EQ(h.last(id).finish, FinishReason::Length);
+        EXPECT_EQ(h.last(id).completion_tokens, max_new[id]);
+      }
+      auto s = h.sched.stats();
+      EXPECT_GT(s.retractions, 0) << "the pool was meant to run out (page size " << page_size << ")";
+      EXPECT_EQ(s.running + s.waiting, 0);
+      // Idle: every page is free or evictable cache, and flushing empties it.
+      EXPECT_EQ(s.free_pages + s.evictable_pages, s.total_pages);
+      EXPECT_TRUE(h.sched.flush_cache());
+      EXPECT_EQ(h.sched.stats().free_pages, s.total_pages);
+      if (radix) EXPECT_GT(s.cached_prompt_tokens, 0);
+      EXPECT_LE(h.model.max_batch_seqs, 8);
+    }
+  }
+}
+
+TEST(Scheduler, SharedPrefixIsReportedAsCached) {
+  SchedulerConfig c;
+  c.page_size = 4;
+  c.num_pages = 64;
+  Harness h(c);
+  std::mt19937 rng(1);
+  auto prefix = random_prompt(rng, {}, 37);
+  uint64_t a = h.add(random_prompt(rng, prefix, 3), greedy(4));
+  h.run();
+  uint64_t b = h.add(random_prompt(rng, prefix, 5), greedy(4));
+  h.run();
+  EXPECT_EQ(h.last(a).cached_tokens, 0);
+  EXPECT_EQ(h.last(b).cached_tokens, 36);  // whole pages of the shared 37 tokens
+}
+
+TEST(Scheduler, ChunkedPrefillMixesWithDecode) {
+  SchedulerConfig c;
+  c.num_pages = 512;
+  c.chunked_prefill_size = 8;
+  Harness h(c);
+  std::mt19937 rng(2);
+  auto short_prompt = random_prompt(rng, {}, 3);
+  auto long_prompt = random_prompt(rng, {}, 50);
+  uint64_t a = h.add(short_prompt, greedy(20));
+  auto b0 = h.sched.next_batch();
+  h.sched.process(*b0, h.model.forward(b0->forward));
+  uint64_t b = h.add(long_prompt, greedy(3));
+  auto mixed = h.sched.next_batch();
+  ASSERT_TRUE(mixed);
+  EXPECT_EQ(mixed->num_decode, 1);
+  EXPECT_EQ(mixed->forward.num_tokens(), 8);  // 1 decode + 7 prefill tokens
+  h.sched.process(*mixed, h.model.forward(mixed->forward));
+  h.run();
+  EXPECT_EQ(h.tokens(a), expected_continuation(short_prompt, 20, kVocab));
+  EXPECT_EQ(h.tokens(b), expected_continuation(long_prompt, 3, kVocab));
+}
+
+TEST(Scheduler, StopTokensEosAndStopStrings) {
+  SchedulerConfig c;
+  c.num_pages = 256;
+  std::vector<int32_t> prompt = {5, 6, 7};
+  auto expected = expected_continuation(prompt, 12, kVocab);
+  c.eos_token_ids = {expected[4]};
+  Harness h(c, /*text=*/true);
+
+  uint64_t eos = h.add(prompt, greedy(12));
+  auto ignore = greedy(12);
+  ignore.ignore_eos = true;
+  uint64_t ignored = h.add(prompt, ignore);
+  auto stop_id = greedy(12);
+  stop_id.ignore_eos = true;
+  stop_id.stop_token_ids = {expected[2]};
+  uint64_t by_id = h.add(prompt, stop_id);
+  // A stop string made of the second letter of token 5 and the first of token 6.
+  auto by_str_params = greedy(12);
+  by_str_params.ignore_eos = true;
+  std::string full;
+  for (int32_t t : expected) full += LetterStream::text_of(t);
+  std::string stop = full.substr(11, 2);
+  by_str_params.stop = {stop};
+  uint64_t by_str = h.add(prompt, by_str_params);
+  h.run();
+
+  EXPECT_EQ(h.tokens(eos), std::vector<int32_t>(expected.begin(), expected.begin() + 5));
+  EXPECT_EQ(h.last(eos).finish, FinishReason::Stop);
+  EXPECT_EQ(h.last(eos).matched_stop_token, expected[4]);
+  EXPECT_EQ(h.tokens(ignored), expected);
+  EXPECT_EQ(h.text(ignored), full);
+  EXPECT_EQ(h.tokens(by_id).size(), 3u);
+  EXPECT_EQ(h.text(by_id), full.substr(0, 4));
+  EXPECT_EQ(h.last(by_str).finish, FinishReason::Stop);
+  EXPECT_EQ(h.text(by_str), full.substr(0, full.find(stop)));
+  EXPECT_EQ(h.last(by_str).matched_stop_string, stop);
+}
+
+TEST(Scheduler, AbortFreesPagesWaitingAndRunning) {
+  SchedulerConfig c;
+  c.num_pages = 64;
+  c.max_running_requests = 1;
+  c.enable_radix_cache = false;
+  Harness h(c);
+  uint64_t running = h.add({1, 2, 3}, greedy(50));
+  uint64_t waiting = h.add({4, 5, 6}, greedy(50));
+  auto b = h.sched.next_batch();
+  h.sched.process(*b, h.model.forward(b->forward));
+  h.sched.abort(waiting, "client gone");
+  EXPECT_EQ(h.last(waiting).finish, FinishReason::Abort);
+  EXPECT_EQ(h.last(waiting).abort_message, "client gone");
+  h.sched.abort(running);
+  EXPECT_FALSE(h.sched.next_batch());
+  EXPECT_EQ(h.last(running).finish, FinishReason::Abort);
+  EXPECT_EQ(h.sched.stats().free_pages, 64);
+  h.sched.check_invariants();
+}
+
+TEST(Scheduler, LongestPrefixMatchRunsCachedRequestsFirst) {
+  SchedulerConfig c;
+  c.num_pages = 256;
+  c.max_running_requests = 1;
+  c.policy = SchedulePolicy::Lpm;
+  Harness h(c);
+  std::mt19937 rng(3);
+  auto prefix = random_prompt(rng, {}, 20);
+  h.add(random_prompt(rng, prefix, 2), greedy(1));
+  h.run();
+  h.add(random_prompt(rng, {}, 22), greedy(1));
+  uint64_t cached = h.add(random_prompt(rng, prefix, 2), greedy(1));
+  auto b = h.sched.next_batch();
+  ASSERT_EQ(b->entries.size(), 1u);
+  EXPECT_EQ(b->entries[0].request->id, cached);
+}
+
+TEST(Scheduler, SingleSequenceLargerThanThePoolEndsWithLength) {
+  SchedulerConfig c;
+  c.num_pages = 10;
+  Harness h(c);
+  uint64_t id = h.add({1, 2, 3, 4}, greedy(100));
+  h.run();
+  EXPECT_EQ(h.last(id).finish, FinishReason::Length);
+  EXPECT_EQ(h.tokens(id).size(), 7u);  // 10 rows hold 4 prompt + 6 computed outputs, the 7th is sampled last
+  EXPECT_EQ(h.tokens(id), expected_continuation({1, 2, 3, 4}, 7, kVocab));
+}
