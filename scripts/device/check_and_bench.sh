@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (device tool), from the repository root, with
+# .device-cuda carried (see pack.sh): device facts, the GPU tests, a
+# compute-sanitizer pass over them, and the kernel benchmarks. Logs go to
+# $OUT; the last lines printed are the summary.
+# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench]... (default: all)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+dir=$PWD/.device-cuda
+cublas=$(find /usr/local /usr/lib /opt -name 'libcublasLt.so.13*' 2>/dev/null | head -1)
+export LD_LIBRARY_PATH="$dir/lib:${cublas:+$(dirname "$cublas"):}${LD_LIBRARY_PATH:-}"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize bench)
+summary=()
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/device.txt"
+echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)  date: $(date -u +%F)" | tee -a "$OUT/device.txt"
+
+for step in "${steps[@]}"; do
+  case $step in
+    tests)
+      "$dir/test_cuda" --gtest_brief=1 2>&1 | tee "$OUT/tests.log"
+      rc=${PIPESTATUS[0]}
+      summary+=("tests: rc=$rc, $(grep -c '^\[rel_l2\]' "$OUT/tests.log") rel_l2 lines")
+      ;;
+    sanitize)
+      san=$(command -v compute-sanitizer || find /usr/local /opt -name compute-sanitizer -type f 2>/dev/null | head -1)
+      # One pass with memcheck over the fast tests (sanitizer slows kernels ~100x).
+      "$san" --tool memcheck --error-exitcode 9 "$dir/test_cuda" --gtest_brief=1 \
+        --gtest_filter="${SANITIZE_FILTER:-*}" > "$OUT/sanitize.log" 2>&1
+      rc=$?
+      summary+=("compute-sanitizer memcheck: rc=$rc, $(grep -c 'Invalid' "$OUT/sanitize.log") invalid accesses")
+      ;;
+    bench)
+      if [ -x "$dir/bench_kernels_cuda" ]; then
+        "$dir/bench_kernels_cuda" --benchmark_min_warmup_time=0.05 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+        summary+=("bench: rc=${PIPESTATUS[0]}")
+      fi
+      ;;
+  esac
+done
+echo "==== summary"
+printf '%s\n' "${summary[@]}"

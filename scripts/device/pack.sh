@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Packs what the GPU machine needs into .device-cuda/ (git-ignored through
+# .git/info/exclude): the CUDA test and benchmark binaries from build-cuda and
+# the non-system shared libraries they link (the GPU machine has the CUDA
+# runtime and cuBLAS, but not fmt, spdlog, openblas, pcre2...).
+# Usage: scripts/device/pack.sh [build-dir]; then run check_and_bench.sh there
+# with `carry: [".device-cuda"]`.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${1:-build-cuda}
+dest=.device-cuda
+rm -rf "$dest" && mkdir -p "$dest/lib"
+grep -qx '/.device-cuda/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.device-cuda/' >> .git/info/exclude; }
+bins=()
+for b in test_cuda bench_kernels_cuda mlaserve; do
+  [ -x "$build/$b" ] && cp "$build/$b" "$dest/" && bins+=("$dest/$b")
+done
+# Everything ldd resolves except the C runtime and CUDA's own libraries.
+for b in "${bins[@]}"; do
+  ldd "$b" | awk '/=> \//{print $3}'
+done | sort -u | grep -v -E '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+)\.so|libcuda|libcublas|libcudart' |
+  while read -r lib; do cp -L "$lib" "$dest/lib/"; done
+du -sh "$dest"
