@@ -1,0 +1,244 @@
+#include "kernels/cuda/mla_expanded.h"
+
+#include <string>
+
+#include "kernels/cuda/bf16_vec.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/mma_sm80.cuh"
+
+namespace mlaserve::cuda {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kWarps = 4;
+constexpr int kBlockM = 16 * kWarps;  // query rows per block, 16 per warp
+constexpr int kBlockN = 64;           // kv rows per tile
+
+template <int kDn, int kR, int kDv>
+struct ExpandedSmem {
+  static constexpr int kDqk = kDn + kR;
+  static constexpr int kQStride = kDqk + 8, kKStride = kDqk + 8, kVStride = kDv + 8;  // +16 B: no bank conflicts
+  static constexpr int kQ = kBlockM * kQStride, kK = kBlockN * kKStride, kV = kBlockN * kVStride;
+  static constexpr size_t kBytes = sizeof(__nv_bfloat16) * (kQ + 2 * (kK + kV));
+};
+
+template <int kDn, int kR, int kDv>
+__global__ void __launch_bounds__(kWarps * 32, 2) mla_expanded_mma_kernel(MlaExpandedParams p) {
+  using Smem = ExpandedSmem<kDn, kR, kDv>;
+  constexpr int kDqk = Smem::kDqk, kKSteps = kDqk / 16, kSTiles = kBlockN / 8, kOTiles = kDv / 8;
+  static_assert(kDn % 8 == 0 && kR % 8 == 0 && kDqk % 32 == 0 && kDv % 16 == 0, "widths must tile");
+
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  auto* q_s = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  __nv_bfloat16* k_s = q_s + Smem::kQ;       // [2][kBlockN][kKStride]
+  __nv_bfloat16* v_s = k_s + 2 * Smem::kK;   // [2][kBlockN][kVStride]
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c2 = (lane % 4) * 2;
+  const int b = blockIdx.z, h = blockIdx.y, row0 = blockIdx.x * kBlockM;
+  const int q_begin = p.q_indptr[b], q_len = p.q_indptr[b + 1] - q_begin;
+  const int kv_begin = p.kv_indptr[b], kv_len = p.kv_indptr[b + 1] - kv_begin;
+  if (row0 >= q_len) return;
+  const int prefix = kv_len - q_len;  // query row i sits at kv position prefix + i
+  const int rows = min(kBlockM, q_len - row0);
+  const int kv_end = prefix + row0 + rows;  // exclusive bound over the block's rows
+  const int H = p.num_heads;
+
+  // Q tile.
+  for (int c = tid; c < kBlockM * (kDqk / 8); c += blockDim.x) {
+    const int r = c / (kDqk / 8), col = (c % (kDqk / 8)) * 8;
+    const bool valid = r < rows;
+    cp_async_16(q_s + r * Smem::kQStride + col,
+                p.q + (int64_t(q_begin + row0 + (valid ? r : 0)) * H + h) * kDqk + col, valid ? 16 : 0);
+  }
+  auto load_tile = [&](int j0, int buf) {
+    __nv_bfloat16* ks = k_s + buf * Smem::kK;
+    __nv_bfloat16* vs = v_s + buf * Smem::kV;
+    constexpr int kKChunks = kDqk / 8, kVChunks = kDv / 8;
+    for (int c = tid; c < kBlockN * (kKChunks + kVChunks); c += blockDim.x) {
+      const int r = c / (kKChunks + kVChunks), col = (c % (kKChunks + kVChunks)) * 8;
+      const bool valid = j0 + r < kv_end;
+      const int64_t kv_row = kv_begin + (valid ? j0 + r : 0);
+      const __nv_bfloat16* head = p.kv + (kv_row * H + h) * (kDn + kDv);
+      if (col < kDn) {
+        cp_async_16(ks + r * Smem::kKStride + col, head + col, valid ? 16 : 0);
+      } else if (col < kDqk) {
+        cp_async_16(ks + r * Smem::kKStride + col, p.k_pe + kv_row * kR + (col - kDn), valid ? 16 : 0);
+      } else {
+        cp_async_16(vs + r * Smem::kVStride + (col - kDqk), head + kDn + (col - kDqk), valid ? 16 : 0);
+      }
+    }
+  };
+  load_tile(0, 0);
+  cp_async_commit();
+
+  // Row positions of this thread's two rows (g and g + 8 of the warp's 16).
+  int qpos[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = row0 + warp * 16 + g + 8 * r;
+    qpos[r] = prefix + (i < q_len ? i : q_len - 1);  // padding rows mirror the last row: finite, unused
+  }
+  uint32_t qa[kKSteps][4];
+  float o[kOTiles][4] = {};
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  const float scale_log2 = p.scale * kLog2e;
+  const int num_tiles = (kv_end + kBlockN - 1) / kBlockN;
+
+  for (int it = 0; it < num_tiles; ++it) {
+    const int j0 = it * kBlockN, buf = it & 1;
+    if (it + 1 < num_tiles) load_tile(j0 + kBlockN, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    if (it == 0) {
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks)
+        ldmatrix_x4(qa[ks], q_s + (warp * 16 + lane % 16) * Smem::kQStride + ks * 16 + (lane / 16) * 8);
+    }
+    const __nv_bfloat16* ks_tile = k_s + buf * Smem::kK;
+    const __nv_bfloat16* vs_tile = v_s + buf * Smem::kV;
+
+    float s[kSTiles][4] = {};
+#pragma unroll
+    for (int nt = 0; nt < kSTiles; ++nt) {
+#pragma unroll
+      for (int k = 0; k < kDqk; k += 32) {
+        uint32_t bk[4];
+        ldmatrix_x4(bk, ks_tile + (nt * 8 + lane % 8) * Smem::kKStride + k + (lane / 8) * 8);
+        mma_bf16_16816(s[nt], qa[k / 16], bk[0], bk[1]);
+        mma_bf16_16816(s[nt], qa[k / 16 + 1], bk[2], bk[3]);
+      }
+    }
+
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2, j = j0 + nt * 8 + c2 + (e % 2);
+        s[nt][e] = j <= qpos[r] ? s[nt][e] * scale_log2 : -INFINITY;
+        mx[r] = fmaxf(mx[r], s[nt][e]);
+      }
+    float alpha[2], m_use[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m_run[r], mx[r]);
+      // A row may see only masked keys in this tile but never before the first.
+      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[r] = exp2f(m_run[r] - m_use[r]);
+      m_run[r] = m_new;
+    }
+    float sum[2] = {0.0f, 0.0f};
+    uint32_t pa[kBlockN / 16][4];
+#pragma unroll
+    for (int nt = 0; nt < kSTiles; ++nt) {
+      const float p0 = exp2f(s[nt][0] - m_use[0]), p1 = exp2f(s[nt][1] - m_use[0]);
+      const float p2 = exp2f(s[nt][2] - m_use[1]), p3 = exp2f(s[nt][3] - m_use[1]);
+      sum[0] += p0 + p1;
+      sum[1] += p2 + p3;
+      // The S accumulator layout of n-tiles 2kk, 2kk+1 is the A layout of k-step kk.
+      pa[nt / 2][(nt % 2) * 2 + 0] = pack_bf16x2(p0, p1);
+      pa[nt / 2][(nt % 2) * 2 + 1] = pack_bf16x2(p2, p3);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+      l_run[r] = l_run[r] * alpha[r] + sum[r];
+    }
+#pragma unroll
+    for (int j = 0; j < kOTiles; ++j) {
+      o[j][0] *= alpha[0];
+      o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1];
+      o[j][3] *= alpha[1];
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+#pragma unroll
+      for (int j = 0; j < kOTiles; j += 2) {
+        uint32_t bv[4];
+        ldmatrix_x4_trans(bv, vs_tile + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * Smem::kVStride + j * 8 +
+                                  (lane / 16) * 8);
+        mma_bf16_16816(o[j], pa[kk], bv[0], bv[1]);
+        mma_bf16_16816(o[j + 1], pa[kk], bv[2], bv[3]);
+      }
+    }
+    __syncthreads();  // the next iteration refills the other buffer pair
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = row0 + warp * 16 + g + 8 * r;
+    if (i >= q_len) continue;
+    const float inv = 1.0f / l_run[r];
+    __nv_bfloat16* dst = p.out + (int64_t(q_begin + i) * H + h) * kDv;
+#pragma unroll
+    for (int j = 0; j < kOTiles; ++j)
+      *reinterpret_cast<__nv_bfloat162*>(dst + j * 8 + c2) =
+          __floats2bfloat162_rn(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+  }
+}
+
+// Any widths: one block per (token, head), one kv row at a time. For tiny
+// test models only.
+__global__ void mla_expanded_reference_kernel(MlaExpandedParams p) {
+  extern __shared__ float acc[];  // [Dv]
+  const int t = blockIdx.x / p.num_heads, h = blockIdx.x % p.num_heads, H = p.num_heads;
+  int b = 0;
+  while (p.q_indptr[b + 1] <= t) ++b;
+  const int kv_begin = p.kv_indptr[b], kv_len = p.kv_indptr[b + 1] - kv_begin;
+  const int attend = kv_len - (p.q_indptr[b + 1] - p.q_indptr[b]) + (t - p.q_indptr[b]) + 1;
+  const int dqk = p.nope_dim + p.rope_dim, dkv = p.nope_dim + p.v_dim;
+  const __nv_bfloat16* q = p.q + (int64_t(t) * H + h) * dqk;
+  for (int d = threadIdx.x; d < p.v_dim; d += blockDim.x) acc[d] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  for (int j = 0; j < attend; ++j) {
+    const __nv_bfloat16* kvh = p.kv + (int64_t(kv_begin + j) * H + h) * dkv;
+    const __nv_bfloat16* kpe = p.k_pe + int64_t(kv_begin + j) * p.rope_dim;
+    float dot = 0.0f;
+    for (int d = threadIdx.x; d < dqk; d += blockDim.x)
+      dot += __bfloat162float(q[d]) * __bfloat162float(d < p.nope_dim ? kvh[d] : kpe[d - p.nope_dim]);
+    const float s = block_sum(dot) * p.scale;
+    const float m_new = fmaxf(m, s), alpha = __expf(m - m_new), w = __expf(s - m_new);
+    for (int d = threadIdx.x; d < p.v_dim; d += blockDim.x)
+      acc[d] = acc[d] * alpha + w * __bfloat162float(kvh[p.nope_dim + d]);
+    l = l * alpha + w;
+    m = m_new;
+  }
+  for (int d = threadIdx.x; d < p.v_dim; d += blockDim.x)
+    p.out[(int64_t(t) * H + h) * p.v_dim + d] = __float2bfloat16(l > 0.0f ? acc[d] / l : 0.0f);
+}
+
+}  // namespace
+
+bool mla_expanded_has_fast_path(int nope_dim, int rope_dim, int v_dim) {
+  return nope_dim == 128 && rope_dim == 64 && v_dim == 128;
+}
+
+void mla_attention_expanded(const MlaExpandedParams& p, cudaStream_t stream) {
+  if (p.num_tokens == 0 || p.num_heads == 0) return;
+  MLA_CUDA_REQUIRE(p.num_seqs > 0 && p.max_q_len > 0,
+                   "mla_attention_expanded: bad batch (seqs " + std::to_string(p.num_seqs) + ", max_q_len " +
+                       std::to_string(p.max_q_len) + ")");
+  if (!mla_expanded_has_fast_path(p.nope_dim, p.rope_dim, p.v_dim)) {
+    mla_expanded_reference_kernel<<<p.num_tokens * p.num_heads, 128, p.v_dim * sizeof(float), stream>>>(p);
+    check_launch("mla_attention_expanded (reference kernel)");
+    return;
+  }
+  auto kernel = mla_expanded_mma_kernel<128, 64, 128>;
+  const size_t smem = ExpandedSmem<128, 64, 128>::kBytes;
+  static bool attribute_set = false;  // once per process; the kernel is fixed
+  if (!attribute_set) {
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                   "mla_attention_expanded");
+    attribute_set = true;
+  }
+  const dim3 grid((p.max_q_len + kBlockM - 1) / kBlockM, p.num_heads, p.num_seqs);
+  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+  check_launch("mla_attention_expanded");
+}
+
+}  // namespace mlaserve::cuda

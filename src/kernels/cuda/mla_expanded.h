@@ -1,0 +1,33 @@
+#pragma once
+// Non-absorbed MLA attention for prefill / extend: kv_b_proj has expanded
+// the latent into per-head k_nope and v, so this is ordinary multi-head
+// attention with q·k over Dn + R = 192 and v of width Dv = 128, causal within
+// a sequence's new tokens and full over its cached prefix.
+// Flash-attention style: a block owns 64 query rows of one head, streams
+// 64-row K/V tiles through shared memory (double-buffered cp.async), keeps
+// the running softmax in registers, and uses mma.sync tensor cores.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace mlaserve::cuda {
+
+struct MlaExpandedParams {
+  const __nv_bfloat16* q = nullptr;     // {T, H, Dn + R}
+  const __nv_bfloat16* kv = nullptr;    // {Lk, H, Dn + Dv}: [k_nope | v] per head, kv_slots order
+  const __nv_bfloat16* k_pe = nullptr;  // {Lk, R}, shared by all heads
+  const int32_t* q_indptr = nullptr;    // {B + 1}
+  const int32_t* kv_indptr = nullptr;   // {B + 1}
+  int num_seqs = 0, num_tokens = 0, num_heads = 0, max_q_len = 0;
+  int nope_dim = 0, rope_dim = 0, v_dim = 0;
+  float scale = 1.0f;
+  __nv_bfloat16* out = nullptr;  // {T, H, Dv}
+};
+
+// Dn = 128, R = 64, Dv = 128 (DeepSeek V2/V3) take the tensor-core kernel.
+bool mla_expanded_has_fast_path(int nope_dim, int rope_dim, int v_dim);
+
+void mla_attention_expanded(const MlaExpandedParams& p, cudaStream_t stream);
+
+}  // namespace mlaserve::cuda
