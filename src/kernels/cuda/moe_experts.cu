@@ -1,0 +1,279 @@
+#include "kernels/cuda/moe_experts.h"
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/cuda/bf16_vec.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/mma_sm80.cuh"
+
+namespace mlaserve::cuda {
+namespace {
+
+constexpr int kBlockN = 128, kBlockK = 64, kStages = 4, kThreads = 128;
+
+int max_blocks_for(int assignments, int num_experts, int block_m) {
+  // Each expert's run adds at most one partly filled block.
+  return (assignments + block_m - 1) / block_m + std::min(num_experts, assignments);
+}
+
+struct Workspace {
+  int32_t *sorted_ids, *block_expert, *num_padded, *position;
+  __nv_bfloat16 *gate_up, *act, *down;
+  size_t bytes;
+};
+
+Workspace carve(void* base, int num_tokens, int top_k, int num_experts, int hidden, int inter) {
+  const int assignments = num_tokens * top_k, block_m = moe_block_m(num_tokens, top_k, num_experts);
+  const size_t max_blocks = max_blocks_for(assignments, num_experts, block_m), max_rows = max_blocks * block_m;
+  auto* p = static_cast<char*>(base);
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    char* r = p ? p + off : nullptr;
+    off += (bytes + 255) / 256 * 256;
+    return r;
+  };
+  Workspace w;
+  w.sorted_ids = reinterpret_cast<int32_t*>(take(max_rows * 4));
+  w.block_expert = reinterpret_cast<int32_t*>(take(max_blocks * 4));
+  w.num_padded = reinterpret_cast<int32_t*>(take(4));
+  w.position = reinterpret_cast<int32_t*>(take(size_t(assignments) * 4));
+  w.gate_up = reinterpret_cast<__nv_bfloat16*>(take(max_rows * 2 * inter * 2));
+  w.act = reinterpret_cast<__nv_bfloat16*>(take(max_rows * inter * 2));
+  w.down = reinterpret_cast<__nv_bfloat16*>(take(max_rows * hidden * 2));
+  w.bytes = off;
+  return w;
+}
+
+// Groups assignments by expert (counting sort in one block): each expert's
+// run starts on a block_m boundary; pads hold the sentinel `assignments`.
+__global__ void moe_align_kernel(const int32_t* topk_ids, int assignments, int num_experts, int block_m,
+                                 int max_rows, int32_t* sorted_ids, int32_t* block_expert, int32_t* num_padded,
+                                 int32_t* position) {
+  extern __shared__ int32_t sh[];
+  int32_t* count = sh;                      // [E]
+  int32_t* offset = count + num_experts;    // [E + 1]
+  int32_t* cursor = offset + num_experts + 1;  // [E]
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) count[e] = cursor[e] = 0;
+  for (int i = threadIdx.x; i < max_rows; i += blockDim.x) sorted_ids[i] = assignments;
+  __syncthreads();
+  for (int i = threadIdx.x; i < assignments; i += blockDim.x) atomicAdd(&count[topk_ids[i]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    offset[0] = 0;
+    for (int e = 0; e < num_experts; ++e) offset[e + 1] = offset[e] + (count[e] + block_m - 1) / block_m * block_m;
+    *num_padded = offset[num_experts];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x)
+    for (int b = offset[e] / block_m; b < offset[e + 1] / block_m; ++b) block_expert[b] = e;
+  for (int i = threadIdx.x; i < assignments; i += blockDim.x) {
+    const int e = topk_ids[i];
+    const int pos = offset[e] + atomicAdd(&cursor[e], 1);
+    sorted_ids[pos] = i;
+    position[i] = pos;
+  }
+}
+
+// c[m, :] = a[row(m), :] · w[expert(block)]ᵀ with mma.sync m16n8k16 and a
+// kStages-deep cp.async pipeline. NOTES: 16-byte row padding keeps the
+// ldmatrix phases conflict-free (144 B rows = 9 x 16 B, odd).
+template <int kBM, bool kGather>
+__global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmParams p) {
+  constexpr int kWM = kBM >= 64 ? 2 : 1, kWN = 4 / kWM;
+  constexpr int kWTM = kBM / kWM, kWTN = kBlockN / kWN, kMT = kWTM / 16, kNT = kWTN / 8;
+  constexpr int kStride = kBlockK + 8, kChunks = kBlockK / 8;
+  constexpr int kAChunksPerThread = kBM * kChunks / kThreads, kBChunksPerThread = kBlockN * kChunks / kThreads;
+  static_assert(kAChunksPerThread >= 1 && kNT % 2 == 0, "tile shape");
+
+  const int mb = blockIdx.y, nb = blockIdx.x;
+  if (mb * kBM >= *p.num_padded) return;
+  const int expert = p.block_expert[mb];
+  const __nv_bfloat16* w = p.w + int64_t(expert) * p.n * p.k;
+
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  auto* a_s = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kStages][kBM][kStride]
+  __nv_bfloat16* b_s = a_s + kStages * kBM * kStride;      // [kStages][kBlockN][kStride]
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c2 = (lane % 4) * 2;
+  const int warp_m = warp / kWN, warp_n = warp % kWN;
+
+  // Source row of each A chunk this thread copies (-1: pad row, zero-filled).
+  const __nv_bfloat16* a_src[kAChunksPerThread];
+#pragma unroll
+  for (int i = 0; i < kAChunksPerThread; ++i) {
+    const int r = (tid + i * kThreads) / kChunks;
+    const int id = p.sorted_ids[mb * kBM + r];
+    const int64_t row = kGather ? id / p.top_k : int64_t(mb) * kBM + r;
+    a_src[i] = id == p.pad_sentinel ? nullptr : p.a + row * p.k;
+  }
+  auto load_stage = [&](int kt, int stage) {
+    const int k0 = kt * kBlockK;
+#pragma unroll
+    for (int i = 0; i < kAChunksPerThread; ++i) {
+      const int c = tid + i * kThreads, r = c / kChunks, col = (c % kChunks) * 8;
+      const bool valid = a_src[i] && k0 + col < p.k;
+      cp_async_16(a_s + (stage * kBM + r) * kStride + col, valid ? a_src[i] + k0 + col : p.a, valid ? 16 : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < kBChunksPerThread; ++i) {
+      const int c = tid + i * kThreads, r = c / kChunks, col = (c % kChunks) * 8;
+      const int n = nb * kBlockN + r;
+      const bool valid = n < p.n && k0 + col < p.k;
+      cp_async_16(b_s + (stage * kBlockN + r) * kStride + col, valid ? w + int64_t(n) * p.k + k0 + col : w,
+                  valid ? 16 : 0);
+    }
+  };
+
+  const int num_k_tiles = (p.k + kBlockK - 1) / kBlockK;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_k_tiles) load_stage(s, s);
+    cp_async_commit();
+  }
+  float acc[kMT][kNT][4] = {};
+  for (int kt = 0; kt < num_k_tiles; ++kt) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    if (kt + kStages - 1 < num_k_tiles) load_stage(kt + kStages - 1, (kt + kStages - 1) % kStages);
+    cp_async_commit();
+    const int stage = kt % kStages;
+    const __nv_bfloat16* at = a_s + (stage * kBM + warp_m * kWTM) * kStride;
+    const __nv_bfloat16* bt = b_s + (stage * kBlockN + warp_n * kWTN) * kStride;
+#pragma unroll
+    for (int kk = 0; kk < kBlockK; kk += 16) {
+      uint32_t af[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+        ldmatrix_x4(af[mt], at + (mt * 16 + lane % 16) * kStride + kk + (lane / 16) * 8);
+#pragma unroll
+      for (int nt = 0; nt < kNT; nt += 2) {
+        uint32_t bf[4];  // b0, b1 of n-tile nt, then of nt + 1
+        ldmatrix_x4(bf, bt + (nt * 8 + lane % 8 + (lane / 16) * 8) * kStride + kk + ((lane / 8) % 2) * 8);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_bf16_16816(acc[mt][nt], af[mt], bf[0], bf[1]);
+          mma_bf16_16816(acc[mt][nt + 1], af[mt], bf[2], bf[3]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int m = mb * kBM + warp_m * kWTM + mt * 16 + g + 8 * r;
+      if (p.sorted_ids[m] == p.pad_sentinel) continue;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const int n = nb * kBlockN + warp_n * kWTN + nt * 8 + c2;
+        if (n < p.n)
+          *reinterpret_cast<__nv_bfloat162*>(p.c + int64_t(m) * p.n + n) =
+              __floats2bfloat162_rn(acc[mt][nt][2 * r], acc[mt][nt][2 * r + 1]);
+      }
+    }
+}
+
+// out[t] = sum_j w[t, j] * y[position[t, j]] (+ addend[t]), f32 sum in j order.
+__global__ void moe_combine_kernel(const __nv_bfloat16* y, const int32_t* position, const float* weights,
+                                   const __nv_bfloat16* addend, int top_k, int hidden, __nv_bfloat16* out) {
+  const int64_t t = blockIdx.x;
+  for (int d = threadIdx.x * 8; d < hidden; d += blockDim.x * 8) {
+    float acc[8] = {};
+    if (addend) Bf16x8::load(addend + t * hidden + d).to_float(acc);
+    for (int j = 0; j < top_k; ++j) {
+      const float wj = weights[t * top_k + j];
+      float v[8];
+      Bf16x8::load(y + int64_t(position[t * top_k + j]) * hidden + d).to_float(v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] += wj * v[i];
+    }
+    Bf16x8::from_float(acc).store(out + t * hidden + d);
+  }
+}
+
+template <int kBM, bool kGather>
+void launch_grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
+  constexpr size_t smem = sizeof(__nv_bfloat16) * kStages * (kBM + kBlockN) * (kBlockK + 8);
+  auto kernel = grouped_gemm_kernel<kBM, kGather>;
+  static bool attribute_set = false;  // once per instantiation
+  if (!attribute_set) {
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                   "moe grouped gemm");
+    attribute_set = true;
+  }
+  const dim3 grid((p.n + kBlockN - 1) / kBlockN, p.max_blocks);
+  kernel<<<grid, kThreads, smem, stream>>>(p);
+  check_launch(kGather ? "moe grouped gemm (gate_up)" : "moe grouped gemm (down)");
+}
+
+void grouped_gemm(const GroupedGemmParams& p, int block_m, cudaStream_t stream) {
+  if (block_m == 16) {
+    p.gather_a ? launch_grouped_gemm<16, true>(p, stream) : launch_grouped_gemm<16, false>(p, stream);
+  } else {
+    p.gather_a ? launch_grouped_gemm<64, true>(p, stream) : launch_grouped_gemm<64, false>(p, stream);
+  }
+}
+
+}  // namespace
+
+int moe_block_m(int num_tokens, int top_k, int num_experts) {
+  return int64_t(num_tokens) * top_k <= int64_t(16) * num_experts ? 16 : 64;
+}
+
+size_t moe_workspace_bytes(int num_tokens, int top_k, int num_experts, int hidden, int inter) {
+  return carve(nullptr, num_tokens, top_k, num_experts, hidden, inter).bytes;
+}
+
+void moe_experts(const MoeExpertsParams& p, void* workspace, cudaStream_t stream) {
+  if (p.num_tokens == 0) return;
+  MLA_CUDA_REQUIRE(p.hidden % 8 == 0 && p.inter % 8 == 0 && p.num_experts > 0 && p.top_k > 0,
+                   "moe_experts: hidden " + std::to_string(p.hidden) + " and intermediate " +
+                       std::to_string(p.inter) + " must be multiples of 8");
+  const int assignments = p.num_tokens * p.top_k;
+  const int block_m = moe_block_m(p.num_tokens, p.top_k, p.num_experts);
+  const int max_blocks = max_blocks_for(assignments, p.num_experts, block_m);
+  const Workspace ws = carve(workspace, p.num_tokens, p.top_k, p.num_experts, p.hidden, p.inter);
+
+  const size_t align_smem = sizeof(int32_t) * (3 * p.num_experts + 1);
+  moe_align_kernel<<<1, 1024, align_smem, stream>>>(p.topk_ids, assignments, p.num_experts, block_m,
+                                                    max_blocks * block_m, ws.sorted_ids, ws.block_expert,
+                                                    ws.num_padded, ws.position);
+  check_launch("moe align");
+
+  GroupedGemmParams g;
+  g.sorted_ids = ws.sorted_ids;
+  g.block_expert = ws.block_expert;
+  g.num_padded = ws.num_padded;
+  g.top_k = p.top_k;
+  g.pad_sentinel = assignments;
+  g.max_blocks = max_blocks;
+
+  g.a = p.x;
+  g.w = p.w_gate_up;
+  g.c = ws.gate_up;
+  g.n = 2 * p.inter;
+  g.k = p.hidden;
+  g.gather_a = true;
+  grouped_gemm(g, block_m, stream);
+
+  silu_and_mul(ws.gate_up, ws.gate_up + p.inter, 2 * p.inter, int64_t(max_blocks) * block_m, p.inter, ws.act,
+               stream);
+
+  g.a = ws.act;
+  g.w = p.w_down;
+  g.c = ws.down;
+  g.n = p.hidden;
+  g.k = p.inter;
+  g.gather_a = false;
+  grouped_gemm(g, block_m, stream);
+
+  moe_combine_kernel<<<p.num_tokens, 128, 0, stream>>>(ws.down, ws.position, p.topk_weights, p.addend, p.top_k,
+                                                       p.hidden, p.out);
+  check_launch("moe combine");
+}
+
+}  // namespace mlaserve::cuda
