@@ -1,0 +1,107 @@
+// Model-internal consistency on random checkpoints: the absorbed and expanded
+// MLA forms compute the same logits, and incremental decode through the
+// latent cache equals recomputing the whole sequence.
+#include <numeric>
+
+#include "model_fixture.h"
+
+namespace mlaserve::testing {
+namespace {
+
+// f32 everywhere: the two forms differ only in summation order.
+constexpr double kFormTolerance = 1e-4;
+
+class MlaFormsTest : public ::testing::TestWithParam<const char*> {};
+
+std::vector<int32_t> test_sequence(int n, int vocab) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) ids[size_t(i)] = int32_t((i * 7919 + 13) % vocab);
+  return ids;
+}
+
+TEST_P(MlaFormsTest, AbsorbedEqualsExpanded) {
+  TempCheckpoint ckpt(GetParam(), "bf16", 7);
+  auto be = make_cpu_backend();
+  DeepseekModel absorbed(ckpt.get(), *be, {MlaMode::Absorbed, false});
+  DeepseekModel expanded(ckpt.get(), *be, {MlaMode::Expanded, false});
+  const auto ids = test_sequence(12, absorbed.config().vocab_size);
+  Logits a = full_sequence_logits(absorbed, ids), e = full_sequence_logits(expanded, ids);
+  double worst = 0;
+  for (int64_t r = 0; r < a.rows; ++r) worst = std::max(worst, max_abs_diff(a.row(r), e.row(r)));
+  std::printf("[mla-forms] %s: absorbed vs expanded max |diff| %.3g over %lld rows\n", GetParam(), worst,
+              (long long)a.rows);
+  EXPECT_LE(worst, kFormTolerance);
+}
+
+TEST_P(MlaFormsTest, IncrementalDecodeEqualsRecomputation) {
+  TempCheckpoint ckpt(GetParam(), "bf16", 7);
+  auto be = make_cpu_backend();
+  DeepseekModel model(ckpt.get(), *be, {MlaMode::Auto, false});
+  const auto ids = test_sequence(12, model.config().vocab_size);
+  Logits full = full_sequence_logits(model, ids);
+
+  // Prefill 5 tokens (expanded form), then decode one token a step (absorbed form).
+  const int prefill = 5;
+  auto cache = allocate_kv_cache(*be, model.config(), int(ids.size()));
+  std::span<const int32_t> all(ids);
+  Logits step = to_logits(*be, model.forward(contiguous_sequence_batch(all.first(prefill), 0, false), cache));
+  double worst = max_abs_diff(step.row(0), full.row(prefill - 1));
+  for (int p = prefill; p < int(ids.size()); ++p) {
+    step = to_logits(*be, model.forward(contiguous_sequence_batch(all.subspan(size_t(p), 1), p, false), cache));
+    worst = std::max(worst, max_abs_diff(step.row(0), full.row(p)));
+  }
+  std::printf("[incremental] %s: decode steps vs full recomputation max |diff| %.3g\n", GetParam(), worst);
+  EXPECT_LE(worst, kFormTolerance);
+}
+
+TEST_P(MlaFormsTest, TwoSequencesInOneBatchEqualSeparateRuns) {
+  TempCheckpoint ckpt(GetParam(), "bf16", 7);
+  auto be = make_cpu_backend();
+  DeepseekModel model(ckpt.get(), *be, {MlaMode::Auto, false});
+  const auto a = test_sequence(6, model.config().vocab_size);
+  auto b = test_sequence(9, model.config().vocab_size);
+  std::reverse(b.begin(), b.end());
+  Logits la = full_sequence_logits(model, a), lb = full_sequence_logits(model, b);
+
+  // Both sequences in one ragged batch, b's slots placed after a's.
+  ForwardBatch batch;
+  batch.input_ids = a;
+  batch.input_ids.insert(batch.input_ids.end(), b.begin(), b.end());
+  for (int i = 0; i < 6; ++i) batch.positions.push_back(i);
+  for (int i = 0; i < 9; ++i) batch.positions.push_back(i);
+  batch.out_slots.resize(15);
+  std::iota(batch.out_slots.begin(), batch.out_slots.end(), 0);
+  batch.q_indptr = {0, 6, 15};
+  batch.kv_indptr = {0, 6, 15};
+  batch.kv_slots = batch.out_slots;
+  batch.logit_rows = {5, 14};
+  auto cache = allocate_kv_cache(*be, model.config(), 15);
+  Logits both = to_logits(*be, model.forward(batch, cache));
+  const double worst = std::max(max_abs_diff(both.row(0), la.row(5)), max_abs_diff(both.row(1), lb.row(8)));
+  std::printf("[ragged] %s: batched vs separate max |diff| %.3g\n", GetParam(), worst);
+  EXPECT_LE(worst, kFormTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, MlaFormsTest, ::testing::Values("tiny", "tiny-v2"),
+                         [](const auto& info) { return std::string(info.param) == "tiny" ? "tiny" : "tiny_v2"; });
+
+TEST(DeepseekModel, RejectsWrongCacheCount) {
+  TempCheckpoint ckpt("tiny", "bf16", 7);
+  auto be = make_cpu_backend();
+  DeepseekModel model(ckpt.get(), *be);
+  std::vector<int32_t> ids = {0, 1};
+  std::vector<Tensor> too_few(1, allocate_mtp_cache(*be, model.config(), 2));
+  EXPECT_THROW(model.forward(contiguous_sequence_batch(ids, 0, false), too_few), Error);
+}
+
+TEST(DeepseekModel, RejectsTokenOutsideVocabulary) {
+  TempCheckpoint ckpt("tiny", "bf16", 7);
+  auto be = make_cpu_backend();
+  DeepseekModel model(ckpt.get(), *be);
+  std::vector<int32_t> ids = {0, model.config().vocab_size};
+  auto cache = allocate_kv_cache(*be, model.config(), 2);
+  EXPECT_THROW(model.forward(contiguous_sequence_batch(ids, 0, false), cache), Error);
+}
+
+}  // namespace
+}  // namespace mlaserve::testing

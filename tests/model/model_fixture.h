@@ -1,0 +1,76 @@
+#pragma once
+// Shared by the model tests: random checkpoints made on the fly by the io
+// layer (deterministic from preset, dtype and seed, so CI needs no committed
+// weights), and helpers to run a model over one sequence.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "io/make_model.h"
+#include "kernels/backend.h"
+#include "model/deepseek_model.h"
+#include "model/kv_cache.h"
+
+namespace mlaserve::testing {
+
+// A checkpoint in a fresh temporary directory, removed with the object.
+class TempCheckpoint {
+ public:
+  TempCheckpoint(const std::string& preset, const std::string& dtype, uint64_t seed) {
+    dir_ = std::filesystem::temp_directory_path() /
+           fmt::format("mlaserve_model_test_{}_{}_{}_{}", preset, dtype, seed, ::getpid());
+    std::filesystem::remove_all(dir_);
+    MakeModelOptions o;
+    o.preset = preset;
+    o.dtype = dtype;
+    o.out_dir = dir_;
+    write_random_checkpoint(make_model_config(o), dir_, seed);
+    ckpt_ = std::make_unique<Checkpoint>(Checkpoint::open(dir_));
+  }
+  ~TempCheckpoint() {
+    ckpt_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  const Checkpoint& get() const { return *ckpt_; }
+
+ private:
+  std::filesystem::path dir_;
+  std::unique_ptr<Checkpoint> ckpt_;
+};
+
+// Logits rows as host floats {rows, vocab}.
+struct Logits {
+  int64_t rows = 0, vocab = 0;
+  std::vector<float> v;
+  std::span<const float> row(int64_t r) const { return {v.data() + r * vocab, size_t(vocab)}; }
+};
+
+inline Logits to_logits(Backend& be, const Tensor& t) {
+  Tensor h = be.to_host(t);
+  Logits l{h.dim(0), h.dim(1), std::vector<float>(h.data<float>(), h.data<float>() + h.numel())};
+  return l;
+}
+
+// One forward of the whole sequence from an empty cache, logits for every position.
+inline Logits full_sequence_logits(DeepseekModel& model, std::span<const int32_t> ids) {
+  auto cache = allocate_kv_cache(model.backend(), model.config(), int(ids.size()));
+  return to_logits(model.backend(), model.forward(contiguous_sequence_batch(ids, 0, true), cache));
+}
+
+inline double max_abs_diff(std::span<const float> a, std::span<const float> b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - double(b[i])));
+  return m;
+}
+
+inline int32_t argmax(std::span<const float> row) {
+  return int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+}
+
+}  // namespace mlaserve::testing
