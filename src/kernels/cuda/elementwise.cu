@@ -92,6 +92,11 @@ __global__ void add_kernel(__nv_bfloat16* y, const __nv_bfloat16* x, int64_t n_v
   }
 }
 
+__global__ void convert_f32_to_bf16_kernel(const float* src, int64_t n, __nv_bfloat16* dst) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = __float2bfloat16(src[i]);
+}
+
 // One block a row; 16-byte words when the row allows, else 4-byte words.
 template <typename Word, bool kScatter>
 __global__ void move_rows_kernel(char* dst, const char* src, const int32_t* slots, int64_t row_words) {
@@ -196,6 +201,12 @@ void add_inplace(__nv_bfloat16* y, const __nv_bfloat16* x, int64_t n, cudaStream
   if (n == 0) return;
   add_kernel<<<grid_for(n / 8, 256), 256, 0, stream>>>(y, x, n / 8);
   check_launch("add");
+}
+
+void convert_f32_to_bf16(const float* src, int64_t n, __nv_bfloat16* dst, cudaStream_t stream) {
+  if (n == 0) return;
+  convert_f32_to_bf16_kernel<<<grid_for(n, 256), 256, 0, stream>>>(src, n, dst);
+  check_launch("convert_f32_to_bf16");
 }
 
 void scatter_rows(void* dst, const void* src, const int32_t* slots, int64_t num_rows, int64_t row_bytes,

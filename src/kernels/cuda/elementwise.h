@@ -32,6 +32,10 @@ void copy_columns(const void* src, int64_t src_width, int64_t src_col, void* dst
 // y += x over n elements.
 void add_inplace(__nv_bfloat16* y, const __nv_bfloat16* x, int64_t n, cudaStream_t stream);
 
+// dst[i] = bf16(src[i]) for f32 sources (weights kept in f32 by the model,
+// converted once at first use).
+void convert_f32_to_bf16(const float* src, int64_t n, __nv_bfloat16* dst, cudaStream_t stream);
+
 // dst[slots[i]] = src[i] for rows of row_bytes (scatter), or
 // dst[i] = src[slots[i]] (gather); any dtype.
 void scatter_rows(void* dst, const void* src, const int32_t* slots, int64_t num_rows, int64_t row_bytes,

@@ -1,0 +1,471 @@
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cuda_bf16.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/mla_absorbed.h"
+#include "kernels/cuda/mla_expanded.h"
+#include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe_router.h"
+#include "kernels/cuda/rope.h"
+
+namespace mlaserve {
+namespace cuda {
+namespace {
+
+int64_t row_count(const Tensor& t) { return t.ndim() == 0 || t.dim(-1) == 0 ? 0 : t.numel() / t.dim(-1); }
+
+void check_dev(const Tensor& t, DType dtype, const char* op, const char* what) {
+  MLA_CHECK(t.defined() && t.device() == Device::CUDA && t.dtype() == dtype, "{}: {} must be a CUDA {} tensor, got {} {}",
+            op, what, dtype_name(dtype), t.device() == Device::CUDA ? "CUDA" : "CPU", dtype_name(t.dtype()));
+}
+
+__nv_bfloat16* bf(const Tensor& t, const char* op, const char* what) {
+  check_dev(t, DType::BF16, op, what);
+  return t.data<__nv_bfloat16>();
+}
+
+const int32_t* i32(const Tensor& t, const char* op, const char* what) {
+  check_dev(t, DType::I32, op, what);
+  return t.data<int32_t>();
+}
+
+// Host conversion of a checkpoint weight to bf16 (block-FP8 dequantized with
+// its scales; f16/f32 rounded). bf16 weights are not copied here.
+std::vector<uint16_t> host_weight_to_bf16(const Tensor& w, const Tensor& scale_inv) {
+  const int64_t N = w.dim(0), K = w.dim(1);
+  std::vector<uint16_t> out(size_t(N * K));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      const size_t i = size_t(n * K + k);
+      float v = 0.0f;
+      switch (w.dtype()) {
+        case DType::F8_E4M3:
+          v = fp8e4m3_to_f32(w.data<uint8_t>()[i]) * scale_inv.data<float>()[(n / 128) * scale_inv.dim(1) + k / 128];
+          break;
+        case DType::F16: v = f16_to_f32(w.data<uint16_t>()[i]); break;
+        case DType::F32: v = w.data<float>()[i]; break;
+        default: fail("weight dtype {} not supported by the CUDA backend", dtype_name(w.dtype()));
+      }
+      out[i] = f32_to_bf16(v);
+    }
+  return out;
+}
+
+// Routed experts stacked for the grouped GEMMs: gate_up {E, 2I, D}, down {E, D, I}.
+struct StackedExperts {
+  Tensor gate_up, down;
+  int64_t hidden, inter;
+};
+
+}  // namespace
+
+CudaBackend::CudaBackend() : allocator_(std::make_shared<DeviceAllocator>()) {
+  MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "backend start-up");
+  MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, 0), "backend start-up");
+  gemm_ = std::make_unique<CublasLtGemm>();
+  pinned_bytes_ = size_t(1) << 20;
+  MLA_CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_), "backend start-up");
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_) cudaStreamSynchronize(stream_);
+  bf16_copies_.clear();
+  gemm_.reset();
+  if (pinned_) cudaFreeHost(pinned_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+std::string CudaBackend::name() const {
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  return fmt::format("cuda ({}, {} SMs, bf16)", prop.name, sm_count_);
+}
+
+Tensor CudaBackend::alloc(const Shape& shape, DType dtype) {
+  for (int64_t d : shape) MLA_CHECK(d >= 0, "alloc: negative dimension in {}", shape_str(shape));
+  const size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+  std::shared_ptr<void> block = allocator_->allocate(bytes);
+  return Tensor::wrap(block.get(), shape, dtype, Device::CUDA, block);
+}
+
+Tensor CudaBackend::upload(const Tensor& host) {
+  Tensor d = alloc(host.shape(), host.dtype());
+  if (host.nbytes())
+    MLA_CUDA_CHECK(cudaMemcpyAsync(d.raw(), host.raw(), host.nbytes(), cudaMemcpyHostToDevice, stream_), "upload");
+  MLA_CUDA_CHECK(cudaStreamSynchronize(stream_), "upload");  // the host source may be a temporary
+  return d;
+}
+
+Weight CudaBackend::load_weight(const Tensor& w, const Tensor& scale_inv) {
+  MLA_CHECK(w.ndim() == 2, "linear weight must be 2-D, got {}", shape_str(w.shape()));
+  if (w.device() == Device::CUDA) {
+    MLA_CHECK(w.dtype() == DType::BF16, "CUDA weights must be BF16, got {}", dtype_name(w.dtype()));
+    return Weight{w, {}};
+  }
+  if (w.dtype() == DType::BF16) return Weight{upload(w), {}};
+  if (w.dtype() == DType::F8_E4M3) {
+    const int64_t nb = (w.dim(0) + 127) / 128, kb = (w.dim(1) + 127) / 128;
+    MLA_CHECK(scale_inv.defined() && scale_inv.dtype() == DType::F32 && scale_inv.shape() == Shape({nb, kb}),
+              "FP8 weight {} needs F32 weight_scale_inv [{}, {}]", shape_str(w.shape()), nb, kb);
+  }
+  // NOTES: block-FP8 is dequantized to bf16 at load (correct, 2x the memory and
+  // bandwidth of FP8); FP8 GEMMs through cuBLASLt's block scaling are the next step.
+  std::vector<uint16_t> converted = host_weight_to_bf16(w, scale_inv);
+  return Weight{upload(Tensor::wrap(converted.data(), w.shape(), DType::BF16, Device::CPU)), {}};
+}
+
+Tensor CudaBackend::load_tensor(const Tensor& host) {
+  if (host.device() == Device::CUDA) return host;
+  return upload(host);
+}
+
+ExpertWeights CudaBackend::load_experts(std::vector<Weight> gate, std::vector<Weight> up, std::vector<Weight> down) {
+  const int64_t E = int64_t(gate.size());
+  MLA_CHECK(E > 0 && up.size() == gate.size() && down.size() == gate.size(), "experts: {} gate, {} up, {} down weights",
+            gate.size(), up.size(), down.size());
+  const int64_t I = gate[0].out_features(), D = gate[0].in_features();
+  auto stacked = std::make_shared<StackedExperts>();
+  stacked->hidden = D;
+  stacked->inter = I;
+  stacked->gate_up = alloc({E, 2 * I, D}, DType::BF16);
+  stacked->down = alloc({E, D, I}, DType::BF16);
+  const size_t mat = size_t(I * D) * 2;
+  auto* gu = static_cast<char*>(stacked->gate_up.raw());
+  auto* dn = static_cast<char*>(stacked->down.raw());
+  ExpertWeights out;
+  for (int64_t e = 0; e < E; ++e) {
+    const Weight g = load_weight(gate[e].w, gate[e].scale_inv), u = load_weight(up[e].w, up[e].scale_inv),
+                 d = load_weight(down[e].w, down[e].scale_inv);
+    MLA_CHECK(g.w.shape() == Shape({I, D}) && u.w.shape() == Shape({I, D}) && d.w.shape() == Shape({D, I}),
+              "expert {}: gate {}, up {}, down {} do not match expert 0's [{}, {}]", e, shape_str(g.w.shape()),
+              shape_str(u.w.shape()), shape_str(d.w.shape()), I, D);
+    char* gdst = gu + 2 * e * mat;
+    MLA_CUDA_CHECK(cudaMemcpyAsync(gdst, g.w.raw(), mat, cudaMemcpyDeviceToDevice, stream_), "load_experts");
+    MLA_CUDA_CHECK(cudaMemcpyAsync(gdst + mat, u.w.raw(), mat, cudaMemcpyDeviceToDevice, stream_), "load_experts");
+    MLA_CUDA_CHECK(cudaMemcpyAsync(dn + e * mat, d.w.raw(), mat, cudaMemcpyDeviceToDevice, stream_), "load_experts");
+    MLA_CUDA_CHECK(cudaStreamSynchronize(stream_), "load_experts");  // before the per-expert copies are freed
+    // The per-expert weights the model sees are views into the stacks.
+    out.gate.push_back({Tensor::wrap(gdst, {I, D}, DType::BF16, Device::CUDA, stacked), {}});
+    out.up.push_back({Tensor::wrap(gdst + mat, {I, D}, DType::BF16, Device::CUDA, stacked), {}});
+    out.down.push_back({Tensor::wrap(dn + e * mat, {D, I}, DType::BF16, Device::CUDA, stacked), {}});
+  }
+  out.packed = stacked;
+  return out;
+}
+
+Tensor CudaBackend::to_host(const Tensor& t) {
+  if (t.device() == Device::CPU) return t;
+  Tensor h = Tensor::empty(t.shape(), t.dtype());
+  if (t.nbytes())
+    MLA_CUDA_CHECK(cudaMemcpyAsync(h.raw(), t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, stream_), "to_host");
+  MLA_CUDA_CHECK(cudaStreamSynchronize(stream_), "to_host");
+  return h;
+}
+
+void CudaBackend::synchronize() { MLA_CUDA_CHECK(cudaStreamSynchronize(stream_), "synchronize"); }
+
+DeviceBatch CudaBackend::prepare_batch(const ForwardBatch& b) {
+  const int T = b.num_tokens(), B = b.num_seqs();
+  MLA_CHECK(B >= 1 && int(b.kv_indptr.size()) == B + 1 && int(b.positions.size()) == T &&
+                int(b.out_slots.size()) == T && b.q_indptr.front() == 0 && b.q_indptr.back() == T &&
+                b.kv_indptr.front() == 0 && b.kv_indptr.back() == int(b.kv_slots.size()),
+            "malformed ForwardBatch: {} tokens, {} sequences, q_indptr/kv_indptr/positions/out_slots disagree", T, B);
+  DeviceBatch d;
+  d.num_seqs = B;
+  d.num_tokens = T;
+  d.num_logit_rows = int(b.logit_rows.size());
+  d.is_decode = b.is_decode();
+  for (int s = 0; s < B; ++s) {
+    const int q_len = b.q_indptr[s + 1] - b.q_indptr[s], kv_len = b.kv_indptr[s + 1] - b.kv_indptr[s];
+    MLA_CHECK(q_len >= 0 && kv_len >= q_len, "sequence {}: q_len {} and kv_len {} inconsistent", s, q_len, kv_len);
+    d.max_q_len = std::max(d.max_q_len, q_len);
+    d.max_kv_len = std::max(d.max_kv_len, kv_len);
+  }
+  for (int32_t r : b.logit_rows) MLA_CHECK(r >= 0 && r < T, "logit row {} outside the batch's {} tokens", r, T);
+  d.host = b;
+
+  // One staging copy for all seven arrays.
+  const std::vector<int32_t>* arrays[] = {&b.input_ids, &b.positions, &b.out_slots, &b.q_indptr,
+                                          &b.kv_indptr, &b.kv_slots,  &b.logit_rows};
+  size_t total = 0;
+  for (auto* a : arrays) total += a->size();
+  MLA_CUDA_CHECK(cudaStreamSynchronize(stream_), "prepare_batch");  // the staging buffer is free again
+  if (total * 4 > pinned_bytes_) {
+    cudaFreeHost(pinned_);
+    pinned_bytes_ = std::max(total * 4, 2 * pinned_bytes_);
+    MLA_CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_), "prepare_batch staging");
+  }
+  auto* staging = static_cast<int32_t*>(pinned_);
+  Tensor* fields[] = {&d.input_ids, &d.positions, &d.out_slots, &d.q_indptr, &d.kv_indptr, &d.kv_slots, &d.logit_rows};
+  if (static_batch_) {
+    const Tensor* fixed[] = {&static_batch_->input_ids, &static_batch_->positions, &static_batch_->out_slots,
+                             &static_batch_->q_indptr,  &static_batch_->kv_indptr, &static_batch_->kv_slots,
+                             &static_batch_->logit_rows};
+    size_t off = 0;
+    for (int i = 0; i < 7; ++i) {
+      const size_t n = arrays[i]->size();
+      MLA_CHECK(int64_t(n) <= fixed[i]->numel(), "prepare_batch: {} entries exceed the captured graph's {}", n,
+                fixed[i]->numel());
+      std::memcpy(staging + off, arrays[i]->data(), n * 4);
+      if (n)
+        MLA_CUDA_CHECK(cudaMemcpyAsync(fixed[i]->raw(), staging + off, n * 4, cudaMemcpyHostToDevice, stream_),
+                       "prepare_batch");
+      *fields[i] = fixed[i]->view({fixed[i]->numel()}).slice_rows(0, int64_t(n));
+      off += n;
+    }
+    return d;
+  }
+  Tensor all = alloc({int64_t(total)}, DType::I32);
+  size_t off = 0;
+  for (int i = 0; i < 7; ++i) {
+    const size_t n = arrays[i]->size();
+    std::memcpy(staging + off, arrays[i]->data(), n * 4);
+    *fields[i] = all.slice_rows(int64_t(off), int64_t(off + n));
+    off += n;
+  }
+  if (total)
+    MLA_CUDA_CHECK(cudaMemcpyAsync(all.raw(), staging, total * 4, cudaMemcpyHostToDevice, stream_), "prepare_batch");
+  return d;
+}
+
+const __nv_bfloat16* CudaBackend::as_bf16(const Tensor& t, const char* op) {
+  MLA_CHECK(t.defined() && t.device() == Device::CUDA, "{}: weight must be a CUDA tensor", op);
+  if (t.dtype() == DType::BF16) return t.data<__nv_bfloat16>();
+  MLA_CHECK(t.dtype() == DType::F32, "{}: weight dtype {} not supported (BF16 or F32)", op, dtype_name(t.dtype()));
+  auto it = bf16_copies_.find(t.raw());
+  if (it == bf16_copies_.end()) {
+    // Once per weight, at its first use (warm-up), never on later steps.
+    Tensor copy = alloc(t.shape(), DType::BF16);
+    convert_f32_to_bf16(t.data<float>(), t.numel(), copy.data<__nv_bfloat16>(), stream_);
+    it = bf16_copies_.emplace(t.raw(), copy).first;
+  }
+  return it->second.data<__nv_bfloat16>();
+}
+
+void CudaBackend::embedding(const Tensor& ids, const Tensor& table, Tensor out) {
+  const int64_t D = table.dim(1);
+  MLA_CHECK(out.dim(0) == ids.numel() && out.dim(1) == D, "embedding: out {} for {} ids of width {}",
+            shape_str(out.shape()), ids.numel(), D);
+  cuda::embedding(i32(ids, "embedding", "ids"), as_bf16(table, "embedding"), ids.numel(), D,
+                  bf(out, "embedding", "out"), stream_);
+}
+
+void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor out, Tensor residual) {
+  const int64_t D = x.dim(-1);
+  MLA_CHECK(w.numel() == D && out.numel() == x.numel() && (!residual.defined() || residual.numel() == x.numel()),
+            "rms_norm: x {}, w {}, out {}", shape_str(x.shape()), shape_str(w.shape()), shape_str(out.shape()));
+  cuda::rms_norm(bf(x, "rms_norm", "x"), as_bf16(w, "rms_norm"), eps, row_count(x), D, bf(out, "rms_norm", "out"),
+                 residual.defined() ? bf(residual, "rms_norm", "residual") : nullptr, stream_);
+}
+
+void CudaBackend::linear(const Tensor& x, const Weight& w, Tensor out) {
+  const int64_t K = w.in_features(), N = w.out_features();
+  MLA_CHECK(x.dim(-1) == K && out.dim(-1) == N && row_count(x) == row_count(out),
+            "linear: x {} · W{}ᵀ does not fit out {}", shape_str(x.shape()), shape_str(w.w.shape()),
+            shape_str(out.shape()));
+  gemm_->linear(bf(x, "linear", "x"), bf(w.w, "linear", "weight"), row_count(x), N, K, bf(out, "linear", "out"),
+                false, stream_);
+}
+
+void CudaBackend::linear_f32_out(const Tensor& x, const Weight& w, Tensor out) {
+  const int64_t K = w.in_features(), N = w.out_features();
+  MLA_CHECK(x.dim(-1) == K && out.dim(-1) == N && row_count(x) == row_count(out),
+            "linear_f32_out: x {} · W{}ᵀ does not fit out {}", shape_str(x.shape()), shape_str(w.w.shape()),
+            shape_str(out.shape()));
+  check_dev(out, DType::F32, "linear_f32_out", "out");
+  gemm_->linear(bf(x, "linear_f32_out", "x"), bf(w.w, "linear_f32_out", "weight"), row_count(x), N, K, out.raw(),
+                true, stream_);
+}
+
+void CudaBackend::rope(Tensor x, int offset, const Tensor& positions, const Tensor& inv_freq, float cos_sin_scale) {
+  const int64_t T = x.dim(0), W = x.dim(-1), F = inv_freq.numel();
+  const int64_t heads = T ? x.numel() / T / W : 0;
+  MLA_CHECK(positions.numel() == T, "rope: x {} with {} positions", shape_str(x.shape()), positions.numel());
+  check_dev(inv_freq, DType::F32, "rope", "inv_freq");
+  rope_inplace(bf(x, "rope", "x"), T, heads, W, offset, i32(positions, "rope", "positions"), inv_freq.data<float>(),
+               int(F), cos_sin_scale, stream_);
+}
+
+void CudaBackend::silu_and_mul(const Tensor& gate, const Tensor& up, Tensor out) {
+  MLA_CHECK(gate.shape() == up.shape() && up.numel() == out.numel(), "silu_and_mul: gate {}, up {}, out {}",
+            shape_str(gate.shape()), shape_str(up.shape()), shape_str(out.shape()));
+  const int64_t I = gate.dim(-1);
+  cuda::silu_and_mul(bf(gate, "silu_and_mul", "gate"), bf(up, "silu_and_mul", "up"), I, row_count(gate), I,
+                     bf(out, "silu_and_mul", "out"), stream_);
+}
+
+void CudaBackend::add(Tensor y, const Tensor& x) {
+  MLA_CHECK(x.numel() == y.numel(), "add: {} vs {}", shape_str(y.shape()), shape_str(x.shape()));
+  add_inplace(bf(y, "add", "y"), bf(x, "add", "x"), y.numel(), stream_);
+}
+
+void CudaBackend::copy_columns(const Tensor& src, int64_t src_col, Tensor dst, int64_t dst_col, int64_t n) {
+  MLA_CHECK(src.dtype() == dst.dtype() && src.device() == Device::CUDA && dst.device() == Device::CUDA,
+            "copy_columns: {} to {} (both CUDA, same dtype)", dtype_name(src.dtype()), dtype_name(dst.dtype()));
+  MLA_CHECK(row_count(src) == row_count(dst) && src_col >= 0 && dst_col >= 0, "copy_columns: {} into {}",
+            shape_str(src.shape()), shape_str(dst.shape()));
+  cuda::copy_columns(src.raw(), src.dim(-1), src_col, dst.raw(), dst.dim(-1), dst_col, n, row_count(src),
+                     int64_t(dtype_size(src.dtype())), stream_);
+}
+
+void CudaBackend::scatter_rows(Tensor cache, const Tensor& rows, const Tensor& slots) {
+  const int64_t W = cache.dim(-1);
+  MLA_CHECK(rows.dtype() == cache.dtype() && rows.dim(-1) == W && row_count(rows) == slots.numel(),
+            "scatter_rows: rows {} into cache {} at {} slots", shape_str(rows.shape()), shape_str(cache.shape()),
+            slots.numel());
+  cuda::scatter_rows(cache.raw(), rows.raw(), i32(slots, "scatter_rows", "slots"), slots.numel(),
+                     W * int64_t(dtype_size(cache.dtype())), stream_);
+}
+
+void CudaBackend::gather_rows(const Tensor& cache, const Tensor& slots, Tensor out) {
+  const int64_t W = cache.dim(-1);
+  MLA_CHECK(out.dtype() == cache.dtype() && out.dim(-1) == W && row_count(out) == slots.numel(),
+            "gather_rows: {} slots of {} into {}", slots.numel(), shape_str(cache.shape()), shape_str(out.shape()));
+  cuda::gather_rows(out.raw(), cache.raw(), i32(slots, "gather_rows", "slots"), slots.numel(),
+                    W * int64_t(dtype_size(cache.dtype())), stream_);
+}
+
+void CudaBackend::head_bmm(const Tensor& x, const Tensor& w, bool transpose_w, Tensor out) {
+  const int64_t T = x.dim(0), H = x.dim(1), Kx = x.dim(2);
+  const int64_t K = transpose_w ? w.dim(2) : w.dim(1), N = transpose_w ? w.dim(1) : w.dim(2);
+  MLA_CHECK(w.ndim() == 3 && w.dim(0) == H && K <= Kx && out.shape() == Shape({T, H, N}),
+            "head_bmm: x {} · w {} (transposed: {}) into {}", shape_str(x.shape()), shape_str(w.shape()),
+            transpose_w, shape_str(out.shape()));
+  gemm_->head_bmm(bf(x, "head_bmm", "x"), as_bf16(w, "head_bmm"), transpose_w, T, H, Kx, K, N,
+                  bf(out, "head_bmm", "out"), stream_);
+}
+
+void CudaBackend::mla_attention_absorbed(const Tensor& q, const Tensor& cache, const DeviceBatch& batch, float scale,
+                                         Tensor out) {
+  const int64_t T = q.dim(0), H = q.dim(1), L = out.dim(2), R = q.dim(2) - L;
+  MLA_CHECK(T == batch.num_tokens && cache.dim(-1) == L + R && out.shape() == Shape({T, H, L}),
+            "mla_attention_absorbed: q {}, cache {}, out {} for {} tokens", shape_str(q.shape()),
+            shape_str(cache.shape()), shape_str(out.shape()), batch.num_tokens);
+  MlaAbsorbedParams p;
+  p.q = bf(q, "mla_attention_absorbed", "q");
+  p.cache = bf(cache, "mla_attention_absorbed", "cache");
+  p.q_indptr = i32(batch.q_indptr, "mla_attention_absorbed", "q_indptr");
+  p.kv_indptr = i32(batch.kv_indptr, "mla_attention_absorbed", "kv_indptr");
+  p.kv_slots = i32(batch.kv_slots, "mla_attention_absorbed", "kv_slots");
+  p.num_seqs = batch.num_seqs;
+  p.num_tokens = int(T);
+  p.num_heads = int(H);
+  p.latent_dim = int(L);
+  p.rope_dim = int(R);
+  p.scale = scale;
+  p.out = bf(out, "mla_attention_absorbed", "out");
+  p.num_splits = mla_absorbed_num_splits(int(T), int(H), sm_count_);
+  Tensor work;
+  if (p.num_splits > 1 && mla_absorbed_has_fast_path(int(L), int(R))) {
+    const size_t bytes = mla_absorbed_workspace_bytes(int(T), int(H), int(L), p.num_splits);
+    work = alloc({int64_t(bytes / 4)}, DType::F32);
+    p.partial_out = work.data<float>();
+    p.partial_lse = p.partial_out + size_t(p.num_splits) * T * H * L;
+  }
+  cuda::mla_attention_absorbed(p, stream_);
+}
+
+void CudaBackend::mla_attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& k_pe,
+                                         const DeviceBatch& batch, float scale, Tensor out) {
+  const int64_t T = q.dim(0), H = q.dim(1), Dv = out.dim(2), Dn = kv.dim(2) - Dv, R = k_pe.dim(1);
+  MLA_CHECK(T == batch.num_tokens && q.dim(2) == Dn + R && kv.dim(1) == H && out.shape() == Shape({T, H, Dv}) &&
+                kv.dim(0) == k_pe.dim(0),
+            "mla_attention_expanded: q {}, kv {}, k_pe {}, out {}", shape_str(q.shape()), shape_str(kv.shape()),
+            shape_str(k_pe.shape()), shape_str(out.shape()));
+  MlaExpandedParams p;
+  p.q = bf(q, "mla_attention_expanded", "q");
+  p.kv = bf(kv, "mla_attention_expanded", "kv");
+  p.k_pe = bf(k_pe, "mla_attention_expanded", "k_pe");
+  p.q_indptr = i32(batch.q_indptr, "mla_attention_expanded", "q_indptr");
+  p.kv_indptr = i32(batch.kv_indptr, "mla_attention_expanded", "kv_indptr");
+  p.num_seqs = batch.num_seqs;
+  p.num_tokens = int(T);
+  p.num_heads = int(H);
+  p.max_q_len = batch.max_q_len;
+  p.nope_dim = int(Dn);
+  p.rope_dim = int(R);
+  p.v_dim = int(Dv);
+  p.scale = scale;
+  p.out = bf(out, "mla_attention_expanded", "out");
+  cuda::mla_attention_expanded(p, stream_);
+}
+
+void CudaBackend::moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& rp, Tensor topk_ids,
+                            Tensor topk_weights) {
+  check_dev(logits, DType::F32, "moe_route", "logits");
+  const int64_t T = logits.dim(0), E = logits.dim(1);
+  MLA_CHECK(topk_ids.shape() == Shape({T, rp.top_k}) && topk_weights.shape() == Shape({T, rp.top_k}),
+            "moe_route: ids {} and weights {} for {} tokens, top_k {}", shape_str(topk_ids.shape()),
+            shape_str(topk_weights.shape()), T, rp.top_k);
+  MoeRouteParams p;
+  p.logits = logits.data<float>();
+  if (bias.defined()) {
+    check_dev(bias, DType::F32, "moe_route", "bias");
+    MLA_CHECK(bias.numel() == E, "moe_route: bias of {} for {} experts", bias.numel(), E);
+    p.bias = bias.data<float>();
+  }
+  p.num_tokens = int(T);
+  p.num_experts = int(E);
+  p.method = rp.method == TopkMethod::Greedy               ? RouteMethod::Greedy
+             : rp.method == TopkMethod::GroupLimitedGreedy ? RouteMethod::GroupLimitedGreedy
+                                                           : RouteMethod::NoauxTc;
+  p.sigmoid = rp.scoring == ScoringFunc::Sigmoid;
+  p.top_k = rp.top_k;
+  p.n_group = rp.n_group;
+  p.topk_group = rp.topk_group;
+  p.renormalize = rp.renormalize;
+  p.scaling = rp.scaling;
+  check_dev(topk_ids, DType::I32, "moe_route", "topk_ids");
+  check_dev(topk_weights, DType::F32, "moe_route", "topk_weights");
+  p.topk_ids = topk_ids.data<int32_t>();
+  p.topk_weights = topk_weights.data<float>();
+  cuda::moe_route(p, stream_);
+}
+
+void CudaBackend::moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids,
+                              const Tensor& topk_weights, Tensor out) {
+  auto* stacked = static_cast<const StackedExperts*>(experts.packed.get());
+  MLA_CHECK(stacked, "moe_experts: experts were not loaded by the CUDA backend");
+  const int64_t T = x.dim(0), D = x.dim(1), k = topk_ids.dim(1);
+  MLA_CHECK(D == stacked->hidden && out.shape() == x.shape() && topk_ids.dim(0) == T &&
+                topk_weights.shape() == topk_ids.shape(),
+            "moe_experts: x {}, ids {}, weights {}, out {} (hidden {})", shape_str(x.shape()),
+            shape_str(topk_ids.shape()), shape_str(topk_weights.shape()), shape_str(out.shape()), stacked->hidden);
+  check_dev(topk_weights, DType::F32, "moe_experts", "topk_weights");
+  MoeExpertsParams p;
+  p.x = bf(x, "moe_experts", "x");
+  p.w_gate_up = stacked->gate_up.data<__nv_bfloat16>();
+  p.w_down = stacked->down.data<__nv_bfloat16>();
+  p.topk_ids = i32(topk_ids, "moe_experts", "topk_ids");
+  p.topk_weights = topk_weights.data<float>();
+  p.num_tokens = int(T);
+  p.hidden = int(D);
+  p.inter = int(stacked->inter);
+  p.num_experts = experts.num_experts();
+  p.top_k = int(k);
+  p.out = bf(out, "moe_experts", "out");
+  Tensor work = alloc({int64_t(moe_workspace_bytes(p.num_tokens, p.top_k, p.num_experts, p.hidden, p.inter))},
+                      DType::U8);
+  cuda::moe_experts(p, work.raw(), stream_);
+}
+
+}  // namespace cuda
+
+std::unique_ptr<Backend> make_cuda_backend(size_t /*workspace_bytes: see DeviceAllocator*/) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return std::make_unique<cuda::CudaBackend>();
+}
+
+}  // namespace mlaserve

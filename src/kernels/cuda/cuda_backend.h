@@ -1,0 +1,79 @@
+#pragma once
+// The CUDA backend for Hopper (sm_90a), bf16 activations. Exposed (beyond
+// make_cuda_backend) for the CUDA-graph runner and the GPU tests, which need
+// its stream and allocator.
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <unordered_map>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/device_allocator.h"
+#include "kernels/cuda/gemm_cublaslt.h"
+
+namespace mlaserve::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend();
+  ~CudaBackend() override;
+
+  Device device() const override { return Device::CUDA; }
+  std::string name() const override;
+  DType act_dtype() const override { return DType::BF16; }
+
+  Tensor alloc(const Shape& shape, DType dtype) override;
+  Weight load_weight(const Tensor& w, const Tensor& scale_inv) override;
+  Tensor load_tensor(const Tensor& host) override;
+  ExpertWeights load_experts(std::vector<Weight> gate, std::vector<Weight> up, std::vector<Weight> down) override;
+  Tensor to_host(const Tensor& t) override;
+  DeviceBatch prepare_batch(const ForwardBatch& b) override;
+  void synchronize() override;
+
+  void embedding(const Tensor& ids, const Tensor& table, Tensor out) override;
+  void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor out, Tensor residual = {}) override;
+  void linear(const Tensor& x, const Weight& w, Tensor out) override;
+  void linear_f32_out(const Tensor& x, const Weight& w, Tensor out) override;
+  void rope(Tensor x, int offset, const Tensor& positions, const Tensor& inv_freq, float cos_sin_scale) override;
+  void silu_and_mul(const Tensor& gate, const Tensor& up, Tensor out) override;
+  void add(Tensor y, const Tensor& x) override;
+  void copy_columns(const Tensor& src, int64_t src_col, Tensor dst, int64_t dst_col, int64_t n) override;
+  void scatter_rows(Tensor cache, const Tensor& rows, const Tensor& slots) override;
+  void gather_rows(const Tensor& cache, const Tensor& slots, Tensor out) override;
+  void head_bmm(const Tensor& x, const Tensor& w, bool transpose_w, Tensor out) override;
+  void mla_attention_absorbed(const Tensor& q, const Tensor& cache, const DeviceBatch& batch, float scale,
+                              Tensor out) override;
+  void mla_attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& k_pe, const DeviceBatch& batch,
+                              float scale, Tensor out) override;
+  void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& p, Tensor topk_ids,
+                 Tensor topk_weights) override;
+  void moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids, const Tensor& topk_weights,
+                   Tensor out) override;
+
+  cudaStream_t stream() const { return stream_; }
+  DeviceAllocator& allocator() { return *allocator_; }
+  int sm_count() const { return sm_count_; }
+
+  // While set, prepare_batch writes the batch into these fixed buffers
+  // (a captured graph reads its inputs from fixed addresses).
+  struct StaticBatchBuffers {
+    Tensor input_ids, positions, out_slots, q_indptr, kv_indptr, kv_slots, logit_rows;
+  };
+  void use_static_batch_buffers(const StaticBatchBuffers* buffers) { static_batch_ = buffers; }
+
+ private:
+  // bf16 view of a weight-like tensor; f32 ones are converted once and cached.
+  const __nv_bfloat16* as_bf16(const Tensor& t, const char* op);
+  Tensor upload(const Tensor& host);
+
+  cudaStream_t stream_ = nullptr;
+  int sm_count_ = 0;
+  std::shared_ptr<DeviceAllocator> allocator_;
+  std::unique_ptr<CublasLtGemm> gemm_;
+  std::unordered_map<const void*, Tensor> bf16_copies_;
+  void* pinned_ = nullptr;  // host staging for prepare_batch uploads
+  size_t pinned_bytes_ = 0;
+  const StaticBatchBuffers* static_batch_ = nullptr;
+};
+
+}  // namespace mlaserve::cuda
