@@ -3,54 +3,14 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <cstdint>
+#include <string>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
 namespace mlaserve::tokenizer {
-
-std::string oniguruma_to_pcre2(std::string_view pattern) {
-  std::string out;
-  out.reserve(pattern.size() + 16);
-  bool in_class = false;
-  for (size_t i = 0; i < pattern.size(); ++i) {
-    const char c = pattern[i];
-    if (c == '\\') {
-      MLA_CHECK(i + 1 < pattern.size(), "pre-tokenizer pattern ends with a lone backslash: {}", pattern);
-      const char e = pattern[++i];
-      if (e == 's') {
-        out += in_class ? "\\s\\x{85}" : "[\\s\\x{85}]";
-      } else if (e == 'S') {
-        MLA_CHECK(!in_class, "pre-tokenizer pattern uses \\S inside a character class, which has no "
-                  "known PCRE2 equivalent: {}", pattern);
-        out += "[^\\s\\x{85}]";
-      } else {
-        out += c;
-        out += e;
-      }
-      continue;
-    }
-    if (!in_class && c == '[') {
-      in_class = true;
-      out += c;
-      // A ']' right after '[' or '[^' is a literal, not the end of the class.
-      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
-      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
-      continue;
-    }
-    if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
-      const size_t end = pattern.find(":]", i + 2);
-      MLA_CHECK(end != std::string_view::npos, "unterminated POSIX class in pattern: {}", pattern);
-      out.append(pattern.substr(i, end + 2 - i));
-      i = end + 1;
-      continue;
-    }
-    if (in_class && c == ']') in_class = false;
-    out += c;
-  }
-  MLA_CHECK(!in_class, "unterminated character class in pre-tokenizer pattern: {}", pattern);
-  return out;
-}
 
 struct RegexPreTokenizer::CompiledPattern {
   pcre2_code* code = nullptr;
@@ -117,7 +77,7 @@ RegexPreTokenizer RegexPreTokenizer::from_json(const nlohmann::json& spec) {
     MLA_CHECK(!step.value("invert", false), "tokenizer.json: Split step {} with invert=true is not supported", i);
     const auto& pattern_spec = step.at("pattern");
     MLA_CHECK(pattern_spec.contains("Regex"), "tokenizer.json: Split step {} must have a Regex pattern", i);
-    const std::string pattern = oniguruma_to_pcre2(pattern_spec.at("Regex").get<std::string>());
+    const std::string pattern = pattern_spec.at("Regex").get<std::string>();
 
     int error_code = 0;
     PCRE2_SIZE error_offset = 0;

@@ -4,22 +4,17 @@
 // not split (use_regex false): every step cuts each piece into its regex
 // matches and the text between them, all kept as pieces.
 //
-// The patterns are compiled from the file with PCRE2 (UTF, UCP, JIT). Hugging
-// Face runs them with Oniguruma, whose \s also matches U+0085 (NEL, the
-// Unicode White_Space set) while PCRE2's UCP \s does not; \s and \S are
-// widened to match Oniguruma. Nothing else differs for these patterns.
+// The patterns are compiled verbatim from the file with PCRE2 (UTF, UCP,
+// JIT). Hugging Face runs them with Oniguruma; for these patterns both
+// engines agree (Unicode general categories for \p{..}, the White_Space set,
+// U+0085 included, for \s), which tests/tokenizer checks against Hugging Face.
 #include <memory>
-#include <string>
 #include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
 namespace mlaserve::tokenizer {
-
-// Rewrites an Oniguruma pattern into the PCRE2 pattern that matches the same
-// strings (see above). Fails on constructs whose translation is not known.
-std::string oniguruma_to_pcre2(std::string_view pattern);
 
 class RegexPreTokenizer {
  public:
