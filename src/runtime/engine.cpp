@@ -46,11 +46,7 @@ uint64_t Engine::submit(GenerateRequest g) {
   r->on_output = [this, user_callback](RequestOutput&& out) {
     bool last = out.finished();
     if (user_callback) user_callback(std::move(out));
-    if (last) {
-      std::lock_guard lk(mu_);
-      --in_flight_;
-      cv_.notify_all();
-    }
+    if (last) ++finished_unpublished_;  // engine thread; counted down in publish()
   };
   std::lock_guard lk(mu_);
   if (draining_ || stopping_) throw QueueFullError("the server is shutting down");
@@ -139,12 +135,22 @@ void Engine::apply(std::vector<Command>& commands) {
     if (c.add) {
       scheduler_.add(std::move(c.add));
     } else if (c.flush) {
-      c.flush->set_value(!scheduler_.has_work() && scheduler_.flush_cache());
+      bool flushed = !scheduler_.has_work() && scheduler_.flush_cache();
+      publish();  // callers look at the pool right after
+      c.flush->set_value(flushed);
     } else {
       scheduler_.abort(c.abort_id);
     }
   }
   commands.clear();
+}
+
+void Engine::publish() {
+  std::lock_guard lk(mu_);
+  stats_ = scheduler_.stats();
+  in_flight_ -= finished_unpublished_;
+  finished_unpublished_ = 0;
+  cv_.notify_all();
 }
 
 void Engine::step_thread() {
@@ -216,8 +222,7 @@ void Engine::loop() {
       }
       if (config_.check_invariants) scheduler_.check_invariants();
     }
-    std::lock_guard lk(mu_);
-    stats_ = scheduler_.stats();
+    publish();
   }
   {
     std::lock_guard lk(mu_);
@@ -228,6 +233,7 @@ void Engine::loop() {
   for (auto& c : commands)
     if (c.add) scheduler_.add(std::move(c.add));
   scheduler_.abort_all("the engine shut down");
+  publish();
 }
 
 }  // namespace mlaserve::runtime

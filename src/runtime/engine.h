@@ -85,6 +85,9 @@ class Engine {
   void loop();
   void apply(std::vector<Command>& commands);
   void step_thread();
+  // Makes the scheduler's state visible to other threads: stats, and the
+  // in-flight count drain() waits on (only once the stats show them done).
+  void publish();
 
   std::unique_ptr<ModelRunner> runner_;
   EngineConfig config_;
@@ -100,6 +103,7 @@ class Engine {
   uint64_t next_id_ = 1;
   int in_flight_ = 0;  // submitted, final output not yet delivered
   SchedulerStats stats_;
+  int finished_unpublished_ = 0;  // engine thread only
 
   // The step thread runs one forward at a time for the engine thread
   // (guarded by mu_, signalled through cv_).

@@ -1,0 +1,127 @@
+#include "runtime/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "fake_model.h"
+
+using namespace mlaserve;
+using namespace mlaserve::runtime;
+using namespace mlaserve::runtime::testing;
+
+namespace {
+
+constexpr int kVocab = 101;
+
+EngineConfig small_config(int pages = 256) {
+  EngineConfig c;
+  c.scheduler.num_pages = pages;
+  c.scheduler.page_size = 2;
+  c.scheduler.max_running_requests = 8;
+  c.scheduler.chunked_prefill_size = 32;
+  c.scheduler.context_length = 512;
+  c.check_invariants = true;
+  return c;
+}
+
+std::unique_ptr<Engine> make_engine(EngineConfig c) {
+  int slots = c.scheduler.num_pages * c.scheduler.page_size;
+  return std::make_unique<Engine>(std::make_unique<FakeModel>(slots, kVocab), c);
+}
+
+GenerateRequest greedy(std::vector<int32_t> prompt, int n) {
+  GenerateRequest g;
+  g.input_ids = std::move(prompt);
+  g.params.temperature = 0;
+  g.params.max_new_tokens = n;
+  return g;
+}
+
+}  // namespace
+
+TEST(Engine, OfflineBatchMatchesTheModel) {
+  auto engine = make_engine(small_config());
+  std::vector<GenerateRequest> batch;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 20; ++i) {
+    std::vector<int32_t> p = {1, 2, 3, 4, 5, 6, 7, int32_t(i)};
+    prompts.push_back(p);
+    batch.push_back(greedy(p, 10 + i));
+  }
+  auto results = engine->generate(std::move(batch));
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(results[size_t(i)].output_ids, expected_continuation(prompts[size_t(i)], 10 + i, kVocab));
+    EXPECT_EQ(results[size_t(i)].final_output.finish, FinishReason::Length);
+  }
+  EXPECT_TRUE(engine->drain(std::chrono::seconds(5)));
+  auto s = engine->stats();
+  EXPECT_EQ(s.running + s.waiting, 0);
+  EXPECT_EQ(s.free_pages + s.evictable_pages, s.total_pages);
+  EXPECT_GT(s.cached_prompt_tokens, 0);
+  EXPECT_TRUE(engine->flush_cache());
+  EXPECT_EQ(engine->stats().free_pages, s.total_pages);
+}
+
+TEST(Engine, ConcurrentSubmittersAndAborts) {
+  auto engine = make_engine(small_config(64));
+  std::atomic<int> finished{0}, aborted{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 10; ++i) {
+        std::atomic<bool> done{false};
+        auto g = greedy({int32_t(t), int32_t(i), 9, 9}, i % 3 == 0 ? 400 : 8);
+        g.on_output = [&](RequestOutput&& o) {
+          if (!o.finished()) return;
+          (o.finish == FinishReason::Abort ? aborted : finished)++;
+          done = true;
+        };
+        uint64_t id = engine->submit(std::move(g));
+        if (i % 3 == 0) engine->abort(id);
+        while (!done) std::this_thread::yield();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(finished + aborted, 40);
+  EXPECT_GE(aborted, 1);
+  auto s = engine->stats();
+  EXPECT_EQ(s.free_pages + s.evictable_pages, s.total_pages);
+}
+
+TEST(Engine, RejectsBadRequestsAndFullQueues) {
+  auto c = small_config();
+  c.max_queued_requests = 1;
+  c.scheduler.max_running_requests = 1;
+  auto engine = make_engine(c);
+  EXPECT_THROW(engine->submit(greedy({}, 1)), Error);
+  EXPECT_THROW(engine->submit(greedy({kVocab}, 1)), Error);
+  EXPECT_THROW(engine->submit(greedy(std::vector<int32_t>(512, 1), 1)), Error);  // no room for one new token
+  auto bad = greedy({1}, 1);
+  bad.params.top_p = 2;
+  EXPECT_THROW(engine->submit(std::move(bad)), Error);
+  // Two slow requests fill running + queue; the third is turned away.
+  std::atomic<int> done{0};
+  auto counting = [&](int n) {
+    auto g = greedy({1, 2}, n);
+    g.on_output = [&](RequestOutput&& o) { done += o.finished(); };
+    return g;
+  };
+  uint64_t a = engine->submit(counting(500));
+  uint64_t b = engine->submit(counting(500));
+  EXPECT_THROW(engine->submit(counting(1)), QueueFullError);
+  engine->abort(a);
+  engine->abort(b);
+  EXPECT_TRUE(engine->drain(std::chrono::seconds(5)));
+  EXPECT_EQ(done, 2);
+  EXPECT_THROW(engine->submit(counting(1)), QueueFullError);  // draining
+}
+
+TEST(Engine, MaxTokensClippedToTheContext) {
+  auto engine = make_engine(small_config());
+  auto results = engine->generate({greedy(std::vector<int32_t>(500, 3), 100)});
+  EXPECT_EQ(results[0].output_ids.size(), 12u);
+  EXPECT_EQ(results[0].final_output.finish, FinishReason::Length);
+}
