@@ -146,6 +146,9 @@ std::optional<QuantizationConfig> parse_quantization(const json& j, const std::s
   MLA_CHECK(bs.is_array() && bs.size() == 2 && bs[0].is_number_integer() && bs[1].is_number_integer() &&
                 bs[0].get<int64_t>() > 0 && bs[1].get<int64_t>() > 0,
             "{}: field 'quantization_config.weight_block_size' must be two positive integers", source);
+  q.scale_fmt = r.string_or("scale_fmt", "");
+  MLA_CHECK(q.scale_fmt.empty() || q.scale_fmt == "ue8m0",
+            "{}: field 'quantization_config.scale_fmt' is '{}'; only 'ue8m0' is supported", source, q.scale_fmt);
   q.weight_block_n = bs[0].get<int>();
   q.weight_block_k = bs[1].get<int>();
   return q;
@@ -355,6 +358,7 @@ nlohmann::json model_config_to_json(const ModelConfig& c) {
                                 {"fmt", q.fmt},
                                 {"activation_scheme", q.activation_scheme},
                                 {"weight_block_size", {q.weight_block_n, q.weight_block_k}}};
+    if (!q.scale_fmt.empty()) j["quantization_config"]["scale_fmt"] = q.scale_fmt;
   }
   return j;
 }

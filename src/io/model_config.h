@@ -27,6 +27,8 @@ struct QuantizationConfig {
   std::string fmt;           // "e4m3"
   std::string activation_scheme;  // "dynamic"
   int weight_block_n = 128, weight_block_k = 128;
+  // "ue8m0" (V3.1, V3.2): activation scales are powers of two; empty: plain f32.
+  std::string scale_fmt;
 };
 
 struct ModelConfig {
