@@ -26,8 +26,6 @@ class RegexPreTokenizer {
   // pieces are views into `text`, never empty. Thread-safe.
   void split(std::string_view text, std::vector<std::string_view>& pieces) const;
 
-  size_t num_steps() const { return steps_.size(); }
-
  private:
   struct CompiledPattern;
   void split_step(size_t step, std::string_view text, std::vector<std::string_view>& pieces) const;

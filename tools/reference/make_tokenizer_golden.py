@@ -16,6 +16,8 @@ Writes into OUT:
                     ids) with {"ids", "skip_special_tokens", "text": decode(...)}.
   golden_transformers.jsonl  a few strings through transformers' AutoTokenizer:
                     {"text", "ids": add_special_tokens=True, "decoded_skip_special"}.
+                    A record only: transformers 5.17 rebuilds this tokenizer
+                    wrongly (tests/data/tokenizer/README.md).
   perf.json         single-thread encoding throughput of HF tokenizers on
                     tokenizer_corpus.bench_corpus(10), and of `mlaserve
                     bench-tokenizer` on the same corpus when --mlaserve is given.
