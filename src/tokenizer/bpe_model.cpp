@@ -119,7 +119,7 @@ BpeModel BpeModel::from_json(const nlohmann::json& spec) {
 }
 
 std::optional<int32_t> BpeModel::token_to_id(std::string_view token) const {
-  const auto it = token_to_id_.find(std::string(token));
+  const auto it = token_to_id_.find(token);
   if (it == token_to_id_.end()) return std::nullopt;
   return it->second;
 }

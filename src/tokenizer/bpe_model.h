@@ -5,6 +5,7 @@
 // piece has a merge. Same result as Hugging Face's Word::merge_all.
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -77,7 +78,11 @@ class BpeModel {
 
   std::array<int32_t, 256> byte_ids_{};
   MergeTable merges_;
-  std::unordered_map<std::string, int32_t> token_to_id_;
+  struct StringHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> token_to_id_;
   std::vector<std::string> id_to_token_;
   std::unique_ptr<BpeCache> cache_;
 };
