@@ -1,12 +1,15 @@
 // Linear layers on the CPU: weights stay in their checkpoint dtype (an mmapped
-// view, never a second full copy); each thread converts a tile of 64 output
-// rows to f32 (dequantizing block-FP8 with its 128x128 scales) into a
-// thread-local buffer and multiplies it with OpenBLAS sgemm. Decode is memory
-// bound, so reading bf16/fp8 once and expanding in cache costs about what
-// reading a pre-converted f32 copy would, at half (or a quarter) the memory.
+// view, never a second full copy) and are expanded to f32 on the fly:
+// - a few rows of x (decode): each weight row is converted 16 values at a
+//   time into registers and dotted with every x row at once, so the weights
+//   stream through memory exactly once (decode is bandwidth bound);
+// - many rows (prefill): each thread converts a tile of 64 weight rows
+//   (block-FP8 times its 128x128 scales) into a thread-local f32 buffer and
+//   multiplies it with OpenBLAS sgemm, which is compute bound and fast there.
 #include <cblas.h>
 
 #include <array>
+#include <bit>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -25,6 +28,68 @@ const std::array<float, 256>& fp8_table() {
     return t;
   }();
   return table;
+}
+
+// Row n's values from k0 on as f32 (the part that does not fill a chunk).
+void weight_row_tail(const Weight& w, int64_t n, int64_t k0, float* dst) {
+  std::vector<float> row(static_cast<size_t>(w.in_features()));
+  weight_rows_f32(w, n, n + 1, row.data());
+  std::copy(row.begin() + k0, row.end(), dst);
+}
+
+// Fixed-width chunks (no epilogue) so the compiler vectorizes them at -O2.
+constexpr int kChunk = 16;
+static_assert(kFp8Block % kChunk == 0, "an FP8 scale block holds whole chunks");
+
+// Weight row `n`, elements [k, k + kChunk), as f32.
+inline void weight_chunk_f32(const Weight& w, int64_t n, int64_t k, float* dst) {
+  const int64_t K = w.in_features();
+  switch (w.w.dtype()) {
+    case DType::BF16: {
+      const uint16_t* src = w.w.data<uint16_t>() + n * K + k;
+      for (int j = 0; j < kChunk; ++j) dst[j] = std::bit_cast<float>(uint32_t(src[j]) << 16);
+      return;
+    }
+    case DType::F8_E4M3: {
+      const auto& table = fp8_table();
+      const uint8_t* src = w.w.data<uint8_t>() + n * K + k;
+      const float scale = w.scale_inv.data<float>()[(n / kFp8Block) * w.scale_inv.dim(1) + k / kFp8Block];
+      for (int j = 0; j < kChunk; ++j) dst[j] = table[src[j]] * scale;
+      return;
+    }
+    case DType::F32: {
+      const float* src = w.w.data<float>() + n * K + k;
+      for (int j = 0; j < kChunk; ++j) dst[j] = src[j];
+      return;
+    }
+    default:
+      to_f32(w.w, n * K + k, kChunk, dst);
+  }
+}
+
+// out[t, n] = x[t] · W[n] for the T (1 to 4) rows of x, weights read once.
+template <int T>
+void linear_streaming(const float* x, int64_t ldx, const Weight& w, float* out, int64_t ldo) {
+  const int64_t N = w.out_features(), K = w.in_features(), K_full = K / kChunk * kChunk;
+  parallel_for(N, 64, [&](int64_t n0, int64_t n1) {
+    std::vector<float> tail(static_cast<size_t>(K - K_full));
+    for (int64_t n = n0; n < n1; ++n) {
+      float acc[T][kChunk] = {};
+      float wc[kChunk];
+      for (int64_t k = 0; k < K_full; k += kChunk) {
+        weight_chunk_f32(w, n, k, wc);
+        for (int t = 0; t < T; ++t)
+          for (int j = 0; j < kChunk; ++j) acc[t][j] += x[t * ldx + k + j] * wc[j];
+      }
+      if (K_full < K) weight_row_tail(w, n, K_full, tail.data());
+      for (int t = 0; t < T; ++t) {
+        float s = 0.0f;
+        for (int j = 0; j < kChunk; ++j) s += acc[t][j];
+        for (int64_t k = K_full; k < K; ++k) s += x[t * ldx + k] * tail[size_t(k - K_full)];
+        out[t * ldo + n] = s;
+      }
+    }
+  });
 }
 
 }  // namespace
@@ -74,6 +139,13 @@ void weight_rows_f32(const Weight& w, int64_t n0, int64_t n1, float* out) {
 void linear(const float* x, int64_t ldx, int64_t T, const Weight& w, float* out, int64_t ldo) {
   const int64_t N = w.out_features(), K = w.in_features();
   if (T == 0 || N == 0) return;
+  switch (T) {
+    case 1: return linear_streaming<1>(x, ldx, w, out, ldo);
+    case 2: return linear_streaming<2>(x, ldx, w, out, ldo);
+    case 3: return linear_streaming<3>(x, ldx, w, out, ldo);
+    case 4: return linear_streaming<4>(x, ldx, w, out, ldo);
+    default: break;
+  }
   if (w.w.dtype() == DType::F32) {
     // Already f32: one sgemm per row tile, no conversion.
     const float* wp = w.w.data<float>();
