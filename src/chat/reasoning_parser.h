@@ -8,7 +8,6 @@
 // answer's leading whitespace (R1 writes "</think>\n\n") is dropped. Tags
 // split across chunks are held back until the next chunk decides, so any
 // chunking of the same text gives the same result.
-#include <optional>
 #include <string>
 #include <string_view>
 

@@ -37,7 +37,6 @@ class ToolCallParser {
   void finish(StreamDelta& out);
   // After finish(): whether the last call was cut off before its end marker.
   bool last_call_truncated() const { return state_ == State::Arguments; }
-  int calls_started() const { return calls_; }
 
  protected:
   struct BlockMarkers {
