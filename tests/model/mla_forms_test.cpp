@@ -54,6 +54,24 @@ TEST_P(MlaFormsTest, IncrementalDecodeEqualsRecomputation) {
   EXPECT_LE(worst, kFormTolerance);
 }
 
+TEST_P(MlaFormsTest, ChunkedPrefillOverCachedPrefixEqualsOneShot) {
+  // Expanded form extending a cached prefix: the chunk's kv_b_proj expansion
+  // covers the prefix rows read back from the latent cache.
+  TempCheckpoint ckpt(GetParam(), "bf16", 7);
+  auto be = make_cpu_backend();
+  DeepseekModel model(ckpt.get(), *be, {MlaMode::Expanded, false});
+  const auto ids = test_sequence(12, model.config().vocab_size);
+  Logits full = full_sequence_logits(model, ids);
+  auto cache = allocate_kv_cache(*be, model.config(), int(ids.size()));
+  std::span<const int32_t> all(ids);
+  to_logits(*be, model.forward(contiguous_sequence_batch(all.first(5), 0, true), cache));
+  Logits rest = to_logits(*be, model.forward(contiguous_sequence_batch(all.subspan(5), 5, true), cache));
+  double worst = 0;
+  for (int64_t r = 0; r < rest.rows; ++r) worst = std::max(worst, max_abs_diff(rest.row(r), full.row(5 + r)));
+  std::printf("[chunked] %s: second chunk vs one-shot prefill max |diff| %.3g\n", GetParam(), worst);
+  EXPECT_LE(worst, kFormTolerance);
+}
+
 TEST_P(MlaFormsTest, TwoSequencesInOneBatchEqualSeparateRuns) {
   TempCheckpoint ckpt(GetParam(), "bf16", 7);
   auto be = make_cpu_backend();
