@@ -1,0 +1,66 @@
+#pragma once
+// The OpenAI-compatible API (and SGLang's native /generate) on top of the
+// Engine: request validation, prompt building, streaming and non-streaming
+// responses, usage, and the operational endpoints (/health, /metrics, ...).
+//
+// Every handler runs on the HTTP io thread; engine callbacks hand their
+// outputs over to it through the responder, so per-request state needs no
+// locks.
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "chat/chat_template.h"
+#include "chat/reasoning_parser.h"
+#include "chat/tool_call_parser.h"
+#include "runtime/engine.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "tokenizer/tokenizer.h"
+
+namespace mlaserve::server {
+
+struct ApiServerOptions {
+  std::string served_model_name = "default";
+  std::string api_key;  // empty: no authentication
+  bool enable_metrics = false;
+  chat::ChatTemplateKind chat_template = chat::ChatTemplateKind::V3;
+  chat::ChatTokens chat_tokens;
+  std::optional<chat::ReasoningParserKind> reasoning_parser;  // none: reasoning stays in content
+  chat::ToolParserKind tool_parser = chat::ToolParserKind::DeepSeekV3;
+  nlohmann::json server_info = nlohmann::json::object();  // extra fields for /get_server_info
+};
+
+class ApiServer {
+ public:
+  ApiServer(ApiServerOptions options, runtime::Engine& engine, const tokenizer::Tokenizer& tokenizer);
+  ~ApiServer();
+
+  void handle(HttpRequest&& request, std::shared_ptr<HttpResponder> responder);
+  // Where /metrics reads the transport's counters from.
+  void set_http_stats(std::function<HttpServerStats()> source) { http_stats_ = std::move(source); }
+
+  struct Job;  // one HTTP generation request (api_server.cpp)
+
+ private:
+  void dispatch(HttpRequest& request, const std::shared_ptr<HttpResponder>& responder);
+  void chat_completions(const HttpRequest& request, const std::shared_ptr<HttpResponder>& responder);
+  void completions(const HttpRequest& request, const std::shared_ptr<HttpResponder>& responder);
+  void native_generate(const HttpRequest& request, const std::shared_ptr<HttpResponder>& responder);
+  void health_generate(const std::shared_ptr<HttpResponder>& responder);
+  void flush_cache(const std::shared_ptr<HttpResponder>& responder);
+  void start(const std::shared_ptr<Job>& job);
+  void on_output(Job& job, size_t choice, runtime::RequestOutput&& out);
+  void finish_job(Job& job);
+
+  ApiServerOptions options_;
+  runtime::Engine& engine_;
+  tokenizer::Tokenizer tokenizer_;
+  RequestMetrics metrics_;
+  std::function<HttpServerStats()> http_stats_;
+};
+
+}  // namespace mlaserve::server
