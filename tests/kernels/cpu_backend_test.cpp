@@ -375,6 +375,15 @@ TEST_F(CpuOpsTest, RoutingMethodsMatchNaive) {
   }
 }
 
+TEST_F(CpuOpsTest, RoutingRejectsImpossibleGroupLimits) {
+  Tensor logits = random_f32({2, 16});
+  Tensor ids = be->alloc({2, 5}, DType::I32), w = be->alloc({2, 5}, DType::F32);
+  RouterParams p{TopkMethod::GroupLimitedGreedy, ScoringFunc::Softmax, 5, 4, 1, false, 1.0f};
+  EXPECT_THROW(be->moe_route(logits, {}, p, ids, w), Error);  // 1 group of 4 cannot give 5 experts
+  p.n_group = 5;
+  EXPECT_THROW(be->moe_route(logits, {}, p, ids, w), Error);  // 16 experts do not split into 5 groups
+}
+
 TEST_F(CpuOpsTest, MoeExpertsMatchNaive) {
   const int64_t T = 5, D = 12, I = 7, E = 4, k = 2;
   std::vector<Weight> gate, up, down;

@@ -36,6 +36,9 @@ void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& p, 
   const bool grouped = p.method != TopkMethod::Greedy;
   MLA_CHECK(!grouped || (p.n_group >= 1 && E % p.n_group == 0 && p.topk_group >= 1 && p.topk_group <= p.n_group),
             "moe_route: {} experts cannot form {} groups keeping {}", E, p.n_group, p.topk_group);
+  MLA_CHECK(!grouped || p.top_k <= p.topk_group * (E / p.n_group),
+            "moe_route: top_k {} exceeds the {} experts of the {} kept groups", p.top_k,
+            p.topk_group * (E / p.n_group), p.topk_group);
   std::vector<float> bias_f32;
   if (p.method == TopkMethod::NoauxTc && bias.defined()) {
     MLA_CHECK(bias.numel() == E, "moe_route: bias has {} entries for {} experts", bias.numel(), E);
