@@ -141,7 +141,7 @@ void BM_MlaDecode(benchmark::State& state) {
   p.rope_dim = kRope;
   p.scale = 0.1f;
   p.out = out.get<__nv_bfloat16>();
-  p.num_splits = state.range(2) ? int(state.range(2)) : mla_absorbed_num_splits(B, kHeads, sms);
+  p.num_splits = state.range(2) ? int(state.range(2)) : mla_absorbed_num_splits(B, kHeads, sms, ctx);
   DeviceBuffer work(mla_absorbed_workspace_bytes(B, kHeads, kLatent, p.num_splits));
   if (p.num_splits > 1) {
     p.partial_out = work.get<float>();

@@ -4,6 +4,7 @@
 // for widths the tensor-core kernel does not take.
 #include "kernels/cuda/mla_absorbed.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -63,7 +64,7 @@ double run_case(const Case& c, unsigned seed) {
 
   int sm_count = 0;
   MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0), "test");
-  const int splits = c.splits ? c.splits : mla_absorbed_num_splits(T, c.heads, sm_count);
+  const int splits = c.splits ? c.splits : mla_absorbed_num_splits(T, c.heads, sm_count, *std::max_element(c.kv_lens.begin(), c.kv_lens.end()));
   auto dq = upload(q), dcache = upload(cache), dqi = upload(q_indptr), dki = upload(kv_indptr),
        dslots = upload(kv_slots);
   auto dout = poisoned(size_t(T) * c.heads * c.latent * 2);

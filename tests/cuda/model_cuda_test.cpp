@@ -20,10 +20,30 @@ using mlaserve::testing::Logits;
 using mlaserve::testing::TempCheckpoint;
 
 // bf16 activations through every layer: per-row relative L2 of the logits
-// measured at a few 1e-3; the bound leaves room. Tokens are compared only
-// where the f32 reference's top-2 gap exceeds kDecisiveGap logits.
-constexpr double kMaxLogitRelL2 = 5e-2;
+// measured 6e-3 .. 2e-2 (2026-11-22, H200). MoE top-k selection is
+// discontinuous, so a near-tie in routing scores can pick another expert
+// under bf16 rounding and move a row's logits by ~0.1 (seen on tiny and
+// tiny_fp8, with every decisive greedy token still equal): most rows must be
+// close, none may be garbage. Tokens are compared where the f32 reference's
+// top-2 gap exceeds kDecisiveGap logits.
+constexpr double kCloseRelL2 = 3e-2;
+constexpr double kMaxFarRowFraction = 0.2;
+constexpr double kMaxRelL2 = 0.3;
 constexpr double kDecisiveGap = 0.1;
+
+struct RowErrors {
+  int rows = 0, far = 0;
+  double worst = 0;
+  void add(double e) {
+    ++rows;
+    far += e > kCloseRelL2;
+    worst = std::max(worst, e);
+  }
+  void expect_close(const char* what) const {
+    EXPECT_LE(far, kMaxFarRowFraction * rows) << what << ": " << far << " of " << rows << " rows off by > " << kCloseRelL2;
+    EXPECT_LT(worst, kMaxRelL2) << what;
+  }
+};
 
 double row_rel_l2(std::span<const float> a, std::span<const float> ref) {
   double n = 0, d = 0;
@@ -71,21 +91,21 @@ TEST_P(CudaModel, PrefillAndDecodeMatchTheCpuReference) {
 
     // Prefill of the whole sequence in one step (expanded MLA).
     const Logits prefill = mlaserve::testing::full_sequence_logits(gpu_model, all);
-    double worst_prefill = 0;
-    for (int64_t r = 0; r < ref.rows; ++r) worst_prefill = std::max(worst_prefill, row_rel_l2(prefill.row(r), ref.row(r)));
+    RowErrors prefill_err, decode_err;
+    for (int64_t r = 0; r < ref.rows; ++r) prefill_err.add(row_rel_l2(prefill.row(r), ref.row(r)));
 
     // Prompt prefill, then one token a step (absorbed MLA), teacher-forced.
     auto cache = allocate_kv_cache(*gpu, gpu_model.config(), int(all.size()));
     Logits step = mlaserve::testing::to_logits(
         *gpu, gpu_model.forward(contiguous_sequence_batch(ids, 0, false), cache));
-    double worst_decode = row_rel_l2(step.row(0), ref.row(int64_t(ids.size()) - 1));
+    decode_err.add(row_rel_l2(step.row(0), ref.row(int64_t(ids.size()) - 1)));
     int decisive = 0, agree = 0;
     for (size_t i = 0; i + 1 < all.size() - ids.size() + 1; ++i) {
       const int64_t pos = int64_t(ids.size()) + int64_t(i);  // row of `all` whose logits predict all[pos + 1]
       if (i > 0) {
         step = mlaserve::testing::to_logits(
             *gpu, gpu_model.forward(contiguous_sequence_batch({&all[size_t(pos) - 1], 1}, int32_t(pos - 1), false), cache));
-        worst_decode = std::max(worst_decode, row_rel_l2(step.row(0), ref.row(pos - 1)));
+        decode_err.add(row_rel_l2(step.row(0), ref.row(pos - 1)));
       }
       const auto ref_row = ref.row(pos - 1);
       if (top2_gap(ref_row) > kDecisiveGap) {
@@ -93,10 +113,12 @@ TEST_P(CudaModel, PrefillAndDecodeMatchTheCpuReference) {
         agree += mlaserve::testing::argmax(step.row(0)) == mlaserve::testing::argmax(ref_row);
       }
     }
-    std::printf("[cuda-model] %s: prefill rel_l2 %.2e, decode rel_l2 %.2e, greedy agrees on %d of %d decisive steps\n",
-                GetParam(), worst_prefill, worst_decode, agree, decisive);
-    EXPECT_LT(worst_prefill, kMaxLogitRelL2);
-    EXPECT_LT(worst_decode, kMaxLogitRelL2);
+    std::printf("[cuda-model] %s: prefill rel_l2 worst %.2e (%d of %d rows > %.0e), decode worst %.2e (%d of %d), "
+                "greedy agrees on %d of %d decisive steps\n",
+                GetParam(), prefill_err.worst, prefill_err.far, prefill_err.rows, kCloseRelL2, decode_err.worst,
+                decode_err.far, decode_err.rows, agree, decisive);
+    prefill_err.expect_close("prefill");
+    decode_err.expect_close("decode");
     EXPECT_EQ(agree, decisive);
   }
 }

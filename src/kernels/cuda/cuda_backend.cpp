@@ -73,6 +73,7 @@ CudaBackend::CudaBackend() : allocator_(std::make_shared<DeviceAllocator>()) {
   gemm_ = std::make_unique<CublasLtGemm>();
   pinned_bytes_ = size_t(1) << 20;
   MLA_CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_), "backend start-up");
+  MLA_CUDA_CHECK(cudaEventCreateWithFlags(&staging_free_, cudaEventDisableTiming), "backend start-up");
 }
 
 CudaBackend::~CudaBackend() {
@@ -80,6 +81,7 @@ CudaBackend::~CudaBackend() {
   bf16_copies_.clear();
   gemm_.reset();
   if (pinned_) cudaFreeHost(pinned_);
+  if (staging_free_) cudaEventDestroy(staging_free_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -197,14 +199,25 @@ DeviceBatch CudaBackend::prepare_batch(const ForwardBatch& b) {
                                           &b.kv_indptr, &b.kv_slots,  &b.logit_rows};
   size_t total = 0;
   for (auto* a : arrays) total += a->size();
-  MLA_CUDA_CHECK(cudaStreamSynchronize(stream_), "prepare_batch");  // the staging buffer is free again
+  Tensor* fields[] = {&d.input_ids, &d.positions, &d.out_slots, &d.q_indptr, &d.kv_indptr, &d.kv_slots, &d.logit_rows};
+  if (static_batch_ && static_batch_->capturing) {
+    // Inside graph capture: the graph reads the fixed buffers, which the
+    // runner fills before each replay; nothing is copied or synchronized here.
+    const Tensor* fixed[] = {&static_batch_->input_ids, &static_batch_->positions, &static_batch_->out_slots,
+                             &static_batch_->q_indptr,  &static_batch_->kv_indptr, &static_batch_->kv_slots,
+                             &static_batch_->logit_rows};
+    for (int i = 0; i < 7; ++i) *fields[i] = fixed[i]->view({fixed[i]->numel()}).slice_rows(0, int64_t(arrays[i]->size()));
+    return d;
+  }
+  // The staging buffer is free once the previous batch's copy ran (not the
+  // whole previous step: the host keeps running ahead of the GPU).
+  MLA_CUDA_CHECK(cudaEventSynchronize(staging_free_), "prepare_batch");
   if (total * 4 > pinned_bytes_) {
     cudaFreeHost(pinned_);
     pinned_bytes_ = std::max(total * 4, 2 * pinned_bytes_);
     MLA_CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_), "prepare_batch staging");
   }
   auto* staging = static_cast<int32_t*>(pinned_);
-  Tensor* fields[] = {&d.input_ids, &d.positions, &d.out_slots, &d.q_indptr, &d.kv_indptr, &d.kv_slots, &d.logit_rows};
   if (static_batch_) {
     const Tensor* fixed[] = {&static_batch_->input_ids, &static_batch_->positions, &static_batch_->out_slots,
                              &static_batch_->q_indptr,  &static_batch_->kv_indptr, &static_batch_->kv_slots,
@@ -221,6 +234,7 @@ DeviceBatch CudaBackend::prepare_batch(const ForwardBatch& b) {
       *fields[i] = fixed[i]->view({fixed[i]->numel()}).slice_rows(0, int64_t(n));
       off += n;
     }
+    MLA_CUDA_CHECK(cudaEventRecord(staging_free_, stream_), "prepare_batch");
     return d;
   }
   Tensor all = alloc({int64_t(total)}, DType::I32);
@@ -233,6 +247,7 @@ DeviceBatch CudaBackend::prepare_batch(const ForwardBatch& b) {
   }
   if (total)
     MLA_CUDA_CHECK(cudaMemcpyAsync(all.raw(), staging, total * 4, cudaMemcpyHostToDevice, stream_), "prepare_batch");
+  MLA_CUDA_CHECK(cudaEventRecord(staging_free_, stream_), "prepare_batch");
   return d;
 }
 
@@ -362,7 +377,10 @@ void CudaBackend::mla_attention_absorbed(const Tensor& q, const Tensor& cache, c
   p.rope_dim = int(R);
   p.scale = scale;
   p.out = bf(out, "mla_attention_absorbed", "out");
-  p.num_splits = mla_absorbed_num_splits(int(T), int(H), sm_count_);
+  // A captured graph must not bake in this batch's lengths: it plans for the
+  // longest context it will replay.
+  const int kv_hint = static_batch_ ? static_batch_->max_kv_len : batch.max_kv_len;
+  p.num_splits = mla_absorbed_num_splits(int(T), int(H), sm_count_, kv_hint);
   Tensor work;
   if (p.num_splits > 1 && mla_absorbed_has_fast_path(int(L), int(R))) {
     const size_t bytes = mla_absorbed_workspace_bytes(int(T), int(H), int(L), p.num_splits);

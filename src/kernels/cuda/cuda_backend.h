@@ -58,6 +58,8 @@ class CudaBackend final : public Backend {
   // (a captured graph reads its inputs from fixed addresses).
   struct StaticBatchBuffers {
     Tensor input_ids, positions, out_slots, q_indptr, kv_indptr, kv_slots, logit_rows;
+    int max_kv_len = 0;  // longest context a replay may carry
+    bool capturing = false;  // inputs are uploaded before each replay, not inside the graph
   };
   void use_static_batch_buffers(const StaticBatchBuffers* buffers) { static_batch_ = buffers; }
 
@@ -73,6 +75,7 @@ class CudaBackend final : public Backend {
   std::unordered_map<const void*, Tensor> bf16_copies_;
   void* pinned_ = nullptr;  // host staging for prepare_batch uploads
   size_t pinned_bytes_ = 0;
+  cudaEvent_t staging_free_ = nullptr;  // recorded after each staging copy
   const StaticBatchBuffers* static_batch_ = nullptr;
 };
 

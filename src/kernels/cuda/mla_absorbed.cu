@@ -14,7 +14,9 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kHeadsPerBlock = 16;  // one m16 tile of query heads
 constexpr int kBlockN = 32;         // latent rows per pipeline stage
 constexpr int kWarps = 4;
-constexpr int kMaxSplits = 32;
+constexpr int kLoadersPerRow = 4;  // threads copying one latent row
+constexpr int kMaxSplits = 64;
+constexpr int kMinRowsPerSplit = 128;  // below this a split is all latency
 
 // Which sequence token t belongs to, and the kv range it attends to.
 struct TokenRange {
@@ -80,17 +82,28 @@ __global__ void __launch_bounds__(kWarps * 32, 2) mla_absorbed_mma_kernel(MlaAbs
     const __nv_bfloat16* src = p.q + (int64_t(t) * p.num_heads + h0 + (valid ? r : 0)) * kD + col;
     cp_async_16(q_s + r * kStride + col, src, valid ? 16 : 0);
   }
+  // NOTES: each thread copies 18 chunks of one latent row, so it reads one
+  // slot index per tile, and reads it a tile ahead: a dependent global load
+  // per chunk (the naive mapping) serialized ~18 L2 round trips per tile.
+  static_assert(kBlockN * kLoadersPerRow == kWarps * 32 && kChunksPerRow % kLoadersPerRow == 0, "row mapping");
   const int32_t* slots = p.kv_slots + range.kv_begin;
-  auto load_tile = [&](int tile_start, int buf) {
-    for (int c = tid; c < kBlockN * kChunksPerRow; c += blockDim.x) {
-      const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-      const bool valid = tile_start + r < end;
-      const int64_t slot = slots[valid ? tile_start + r : begin];
-      cp_async_16(kv_s + (buf * kBlockN + r) * kStride + col, p.cache + slot * kD + col, valid ? 16 : 0);
+  const int load_row = tid / kLoadersPerRow, load_chunk0 = tid % kLoadersPerRow;
+  auto slot_of = [&](int tile_start) -> int64_t {
+    const int j = tile_start + load_row;
+    return j < end ? int64_t(slots[j]) : int64_t(-1);
+  };
+  auto load_tile = [&](int64_t slot, int buf) {
+    __nv_bfloat16* dst = kv_s + (buf * kBlockN + load_row) * kStride;
+    const __nv_bfloat16* src = p.cache + (slot >= 0 ? slot : 0) * kD;
+#pragma unroll
+    for (int i = 0; i < kChunksPerRow / kLoadersPerRow; ++i) {
+      const int col = (load_chunk0 + kLoadersPerRow * i) * 8;
+      cp_async_16(dst + col, src + col, slot >= 0 ? 16 : 0);
     }
   };
-  load_tile(begin, 0);
+  load_tile(slot_of(begin), 0);
   cp_async_commit();
+  int64_t next_slot = slot_of(begin + kBlockN);
 
   float o[kNTiles][4] = {};
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
@@ -99,8 +112,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2) mla_absorbed_mma_kernel(MlaAbs
 
   for (int it = 0; it < num_tiles; ++it) {
     const int tile_start = begin + it * kBlockN, buf = it & 1;
-    if (it + 1 < num_tiles) load_tile(tile_start + kBlockN, buf ^ 1);
+    if (it + 1 < num_tiles) load_tile(next_slot, buf ^ 1);
     cp_async_commit();
+    next_slot = slot_of(tile_start + 2 * kBlockN);  // consumed next iteration: latency hidden
     cp_async_wait<1>();
     __syncthreads();
 
@@ -222,11 +236,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) mla_absorbed_mma_kernel(MlaAbs
 
 // Combines the splits of one (token, head): weights 2^(lse_s - max).
 __global__ void mla_merge_kernel(MlaAbsorbedParams p) {
-  const int64_t th = blockIdx.x;
+  const int64_t th = blockIdx.x;  // blockIdx.y picks a slice of the latent dims
   const int64_t stride = int64_t(p.num_tokens) * p.num_heads;
   float lse_max = -INFINITY;
   for (int s = 0; s < p.num_splits; ++s) lse_max = fmaxf(lse_max, p.partial_lse[s * stride + th]);
-  for (int d = threadIdx.x; d < p.latent_dim; d += blockDim.x) {
+  for (int d = blockIdx.y * blockDim.x + threadIdx.x; d < p.latent_dim; d += gridDim.y * blockDim.x) {
     float acc = 0.0f, wsum = 0.0f;
     for (int s = 0; s < p.num_splits; ++s) {
       const float lse = p.partial_lse[s * stride + th];
@@ -273,10 +287,26 @@ size_t mma_smem_bytes() {
 
 }  // namespace
 
-int mla_absorbed_num_splits(int num_tokens, int num_heads, int sm_count) {
+int mla_absorbed_num_splits(int num_tokens, int num_heads, int sm_count, int max_kv_len) {
+  // Two blocks fit an SM. Pick the split count whose grid fills the last wave
+  // best (a grid of 1.45 waves idles a quarter of the GPU in its tail),
+  // preferring fewer splits on ties (less merge traffic), and never splits
+  // shorter than kMinRowsPerSplit rows.
+  const int slots = 2 * sm_count;
   const int blocks = std::max(1, num_tokens * ((num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
-  const int want = (2 * sm_count + blocks - 1) / blocks;  // two blocks per SM
-  return std::clamp(want, 1, kMaxSplits);
+  const int limit = std::clamp(max_kv_len / kMinRowsPerSplit, 1, kMaxSplits);
+  int best = 1;
+  double best_eff = 0;
+  for (int s = 1; s <= limit; ++s) {
+    const int total = blocks * s, waves = (total + slots - 1) / slots;
+    // Efficiency of the waves, discounted for a grid under one wave.
+    const double eff = double(total) / (double(waves) * slots);
+    if (eff > best_eff + 0.05) {
+      best_eff = eff;
+      best = s;
+    }
+  }
+  return best;
 }
 
 size_t mla_absorbed_workspace_bytes(int num_tokens, int num_heads, int latent_dim, int num_splits) {
@@ -313,7 +343,7 @@ void mla_attention_absorbed(const MlaAbsorbedParams& p, cudaStream_t stream) {
   kernel<<<grid, kWarps * 32, smem, stream>>>(p);
   check_launch("mla_attention_absorbed");
   if (p.num_splits > 1) {
-    mla_merge_kernel<<<p.num_tokens * p.num_heads, 128, 0, stream>>>(p);
+    mla_merge_kernel<<<dim3(p.num_tokens * p.num_heads, (p.latent_dim + 127) / 128), 128, 0, stream>>>(p);
     check_launch("mla_attention_absorbed (merge)");
   }
 }

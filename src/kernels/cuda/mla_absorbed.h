@@ -30,9 +30,10 @@ struct MlaAbsorbedParams {
   int num_splits = 1;
 };
 
-// Splits that fill the GPU for this many tokens and heads (depends on the
-// batch shape only, so a captured graph keeps a valid choice).
-int mla_absorbed_num_splits(int num_tokens, int num_heads, int sm_count);
+// Splits that fill the GPU for this many tokens and heads. max_kv_len only
+// caps the count (splits of a short context are pure latency); a captured
+// graph passes the longest context it will replay, any count stays correct.
+int mla_absorbed_num_splits(int num_tokens, int num_heads, int sm_count, int max_kv_len);
 size_t mla_absorbed_workspace_bytes(int num_tokens, int num_heads, int latent_dim, int num_splits);
 
 // True for the shapes the tensor-core kernel handles (L = 512, R = 64, as in
