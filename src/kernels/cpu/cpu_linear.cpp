@@ -40,6 +40,8 @@ void weight_row_tail(const Weight& w, int64_t n, int64_t k0, float* dst) {
 // Fixed-width chunks (no epilogue) so the compiler vectorizes them at -O2.
 constexpr int kChunk = 16;
 static_assert(kFp8Block % kChunk == 0, "an FP8 scale block holds whole chunks");
+// Up to this many rows of x take the streaming path.
+constexpr int kMaxStreamingRows = 4;
 
 // Weight row `n`, elements [k, k + kChunk), as f32.
 inline void weight_chunk_f32(const Weight& w, int64_t n, int64_t k, float* dst) {
@@ -67,27 +69,58 @@ inline void weight_chunk_f32(const Weight& w, int64_t n, int64_t k, float* dst) 
   }
 }
 
-// out[t, n] = x[t] · W[n] for the T (1 to 4) rows of x, weights read once.
-template <int T>
-void linear_streaming(const float* x, int64_t ldx, const Weight& w, float* out, int64_t ldo) {
+// The bf16 case of the streaming path (every non-FP8 checkpoint, and the
+// embeddings and lm_head of FP8 ones): out[t, n] = x[t] · W[n][:K_full] for
+// rows [n0, n1). Cloned per ISA (resolved once at load time) so the chunk
+// loops run on 16-wide AVX-512 or 8-wide AVX2+FMA where the CPU has them.
+__attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+void bf16_rows_dot(const float* x, int64_t ldx, int T, const uint16_t* w, int64_t K, int64_t K_full, int64_t n0,
+                   int64_t n1, float* out, int64_t ldo) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint16_t* row = w + n * K;
+    float acc[kMaxStreamingRows][kChunk] = {};
+    for (int64_t k = 0; k < K_full; k += kChunk) {
+      float wc[kChunk];
+      for (int j = 0; j < kChunk; ++j) wc[j] = std::bit_cast<float>(uint32_t(row[k + j]) << 16);
+      for (int t = 0; t < T; ++t)
+        for (int j = 0; j < kChunk; ++j) acc[t][j] += x[t * ldx + k + j] * wc[j];
+    }
+    for (int t = 0; t < T; ++t) {
+      float s = 0.0f;
+      for (int j = 0; j < kChunk; ++j) s += acc[t][j];
+      out[t * ldo + n] = s;
+    }
+  }
+}
+
+// out[t, n] = x[t] · W[n] for T <= kMaxStreamingRows rows of x, weights read once.
+void linear_streaming(const float* x, int64_t ldx, int T, const Weight& w, float* out, int64_t ldo) {
   const int64_t N = w.out_features(), K = w.in_features(), K_full = K / kChunk * kChunk;
   parallel_for(N, 64, [&](int64_t n0, int64_t n1) {
+    if (w.w.dtype() == DType::BF16) {
+      bf16_rows_dot(x, ldx, T, w.w.data<uint16_t>(), K, K_full, n0, n1, out, ldo);
+    } else {
+      for (int64_t n = n0; n < n1; ++n) {
+        float acc[kMaxStreamingRows][kChunk] = {};
+        float wc[kChunk];
+        for (int64_t k = 0; k < K_full; k += kChunk) {
+          weight_chunk_f32(w, n, k, wc);
+          for (int t = 0; t < T; ++t)
+            for (int j = 0; j < kChunk; ++j) acc[t][j] += x[t * ldx + k + j] * wc[j];
+        }
+        for (int t = 0; t < T; ++t) {
+          float s = 0.0f;
+          for (int j = 0; j < kChunk; ++j) s += acc[t][j];
+          out[t * ldo + n] = s;
+        }
+      }
+    }
+    if (K_full == K) return;
     std::vector<float> tail(static_cast<size_t>(K - K_full));
     for (int64_t n = n0; n < n1; ++n) {
-      float acc[T][kChunk] = {};
-      float wc[kChunk];
-      for (int64_t k = 0; k < K_full; k += kChunk) {
-        weight_chunk_f32(w, n, k, wc);
-        for (int t = 0; t < T; ++t)
-          for (int j = 0; j < kChunk; ++j) acc[t][j] += x[t * ldx + k + j] * wc[j];
-      }
-      if (K_full < K) weight_row_tail(w, n, K_full, tail.data());
-      for (int t = 0; t < T; ++t) {
-        float s = 0.0f;
-        for (int j = 0; j < kChunk; ++j) s += acc[t][j];
-        for (int64_t k = K_full; k < K; ++k) s += x[t * ldx + k] * tail[size_t(k - K_full)];
-        out[t * ldo + n] = s;
-      }
+      weight_row_tail(w, n, K_full, tail.data());
+      for (int t = 0; t < T; ++t)
+        for (int64_t k = K_full; k < K; ++k) out[t * ldo + n] += x[t * ldx + k] * tail[size_t(k - K_full)];
     }
   });
 }
@@ -139,13 +172,7 @@ void weight_rows_f32(const Weight& w, int64_t n0, int64_t n1, float* out) {
 void linear(const float* x, int64_t ldx, int64_t T, const Weight& w, float* out, int64_t ldo) {
   const int64_t N = w.out_features(), K = w.in_features();
   if (T == 0 || N == 0) return;
-  switch (T) {
-    case 1: return linear_streaming<1>(x, ldx, w, out, ldo);
-    case 2: return linear_streaming<2>(x, ldx, w, out, ldo);
-    case 3: return linear_streaming<3>(x, ldx, w, out, ldo);
-    case 4: return linear_streaming<4>(x, ldx, w, out, ldo);
-    default: break;
-  }
+  if (T <= kMaxStreamingRows) return linear_streaming(x, ldx, int(T), w, out, ldo);
   if (w.w.dtype() == DType::F32) {
     // Already f32: one sgemm per row tile, no conversion.
     const float* wp = w.w.data<float>();
