@@ -15,6 +15,8 @@ bins=()
 for b in test_cuda bench_kernels_cuda mlaserve; do
   [ -x "$build/$b" ] && cp "$build/$b" "$dest/" && bins+=("$dest/$b")
 done
+# Debug info would not fit the 64 MiB the device call carries.
+strip --strip-debug "${bins[@]}"
 # Everything ldd resolves except the C runtime and CUDA's own libraries.
 for b in "${bins[@]}"; do
   ldd "$b" | awk '/=> \//{print $3}'
