@@ -1,0 +1,315 @@
+// End-to-end CUDA benchmark of the DeepSeek forward on a random-weight
+// checkpoint (v2-lite by default, bf16): decode at several batch sizes with
+// CUDA graphs (input 512, output 128 by default), eager decode for contrast,
+// and prefill of 1 x 4096 and 8 x 512 tokens. Prints tokens/s, ms per step,
+// GB/s against the measured copy bandwidth, TFLOP/s against the measured bf16
+// GEMM rate. Routing on random weights is close to uniform (the balanced case).
+//
+//   bench_model_cuda --dir /tmp/v2lite [--preset v2-lite] [--layers N]
+//                    [--batches 1,8,64] [--input 512] [--output 128]
+#ifdef MLASERVE_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "io/make_model.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_graph_runner.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/gemm_cublaslt.h"
+#include "kernels/cuda/random_fill.h"
+#include "kernels/cuda/sampling.h"
+#include "model/deepseek_model.h"
+#include "model/kv_cache.h"
+
+namespace mlaserve::cuda {
+namespace {
+
+struct Args {
+  std::filesystem::path dir = "/tmp/mlaserve_bench_v2lite";
+  std::string preset = "v2-lite";
+  int layers = 0;  // 0: the preset's
+  std::vector<int> batches = {1, 8, 64};
+  int input = 512, output = 128;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--dir") a.dir = v;
+    else if (k == "--preset") a.preset = v;
+    else if (k == "--layers") a.layers = std::stoi(v);
+    else if (k == "--input") a.input = std::stoi(v);
+    else if (k == "--output") a.output = std::stoi(v);
+    else if (k == "--batches") {
+      a.batches.clear();
+      std::stringstream ss(v);
+      for (std::string x; std::getline(ss, x, ',');) a.batches.push_back(std::stoi(x));
+    } else {
+      fail("unknown option {}", k);
+    }
+  }
+  return a;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Ceilings measured in this run (METHOD.md): D2D copy and an 8192^3 bf16 GEMM.
+struct Ceilings {
+  double copy_gbs = 0, gemm_tflops = 0;
+};
+
+Ceilings measure_ceilings() {
+  Ceilings c;
+  const size_t bytes = size_t(2) << 30;
+  DeviceBuffer a(bytes), b(bytes);
+  fill_random_bf16(a.get<__nv_bfloat16>(), bytes / 2, 1, nullptr);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  float best = 1e9f;
+  for (int i = 0; i < 6; ++i) {
+    cudaEventRecord(e0);
+    cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (i) best = std::min(best, ms);
+  }
+  c.copy_gbs = 2.0 * bytes / (best / 1e3) / 1e9;
+  const int64_t n = 8192;
+  DeviceBuffer x(n * n * 2), w(n * n * 2), o(n * n * 2);
+  fill_random_bf16(x.get<__nv_bfloat16>(), n * n, 2, nullptr);
+  fill_random_bf16(w.get<__nv_bfloat16>(), n * n, 3, nullptr);
+  CublasLtGemm gemm;
+  best = 1e9f;
+  for (int i = 0; i < 6; ++i) {
+    cudaEventRecord(e0);
+    gemm.linear(x.get<__nv_bfloat16>(), w.get<__nv_bfloat16>(), n, n, n, o.get(), false, nullptr);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (i) best = std::min(best, ms);
+  }
+  c.gemm_tflops = 2.0 * n * n * n / (best / 1e3) / 1e12;
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return c;
+}
+
+// Weight parameters of one token's matmuls, by kind (v2/v3 layouts).
+struct ParamCounts {
+  double attention = 0, dense_mlp = 0, shared = 0, router = 0, expert = 0, lm_head = 0;
+  int moe_layers = 0, experts = 0, top_k = 0;
+};
+
+ParamCounts count_params(const ModelConfig& c) {
+  ParamCounts p;
+  const double D = c.hidden_size, H = c.num_attention_heads, L = c.kv_lora_rank, R = c.qk_rope_head_dim;
+  const double Dn = c.qk_nope_head_dim, Dv = c.v_head_dim, Dq = Dn + R;
+  const double q = c.q_lora_rank ? D * *c.q_lora_rank + *c.q_lora_rank * H * Dq : D * H * Dq;
+  // decode reads W_UK / W_UV (the same bytes as kv_b_proj)
+  p.attention = c.num_hidden_layers * (q + D * (L + R) + H * (Dn + Dv) * L + H * Dv * D);
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    if (c.is_moe_layer(i)) {
+      ++p.moe_layers;
+      p.shared += 3.0 * D * c.moe_intermediate_size * c.n_shared_experts;
+      p.router += D * c.n_routed_experts;
+    } else {
+      p.dense_mlp += 3.0 * D * c.intermediate_size;
+    }
+  }
+  p.expert = 3.0 * D * c.moe_intermediate_size;
+  p.experts = c.n_routed_experts;
+  p.top_k = c.num_experts_per_tok;
+  p.lm_head = double(c.vocab_size) * D;
+  return p;
+}
+
+// Bytes a decode step of B sequences must read: every non-expert weight, the
+// experts B uniform tokens touch in expectation, and the latent cache.
+double decode_bytes(const ModelConfig& c, const ParamCounts& p, int B, int ctx) {
+  const double touched = p.experts * (1.0 - std::pow(1.0 - double(p.top_k) / p.experts, B));
+  const double weights = p.attention + p.dense_mlp + p.shared + p.router + p.lm_head + p.moe_layers * touched * p.expert;
+  const double kv = double(B) * ctx * c.kv_cache_width() * c.num_hidden_layers;
+  return 2.0 * (weights + kv);
+}
+
+// Matmul + attention FLOPs of a prefill of B sequences of len tokens (causal).
+double prefill_flops(const ModelConfig& c, const ParamCounts& p, int B, int len) {
+  const double tokens = double(B) * len;
+  const double per_token = p.attention + p.dense_mlp + p.shared + p.router + p.moe_layers * p.top_k * p.expert;
+  const double pairs = double(B) * len * (len + 1) / 2.0;
+  const double attn = 2.0 * pairs * c.num_attention_heads * (c.qk_head_dim() + c.v_head_dim) * c.num_hidden_layers;
+  return 2.0 * per_token * tokens + attn + 2.0 * p.lm_head * B;  // logits of each sequence's last token
+}
+
+ForwardBatch prefill_batch(int B, int len, int slot_stride, std::mt19937& rng, int vocab) {
+  ForwardBatch b;
+  b.q_indptr = {0};
+  b.kv_indptr = {0};
+  std::uniform_int_distribution<int> tok(0, vocab - 1);
+  for (int s = 0; s < B; ++s) {
+    for (int i = 0; i < len; ++i) {
+      b.input_ids.push_back(tok(rng));
+      b.positions.push_back(i);
+      b.out_slots.push_back(s * slot_stride + i);
+      b.kv_slots.push_back(s * slot_stride + i);
+    }
+    b.q_indptr.push_back(b.q_indptr.back() + len);
+    b.kv_indptr.push_back(b.kv_indptr.back() + len);
+    b.logit_rows.push_back(b.q_indptr.back() - 1);
+  }
+  return b;
+}
+
+ForwardBatch decode_batch(const std::vector<int32_t>& tokens, int len, int slot_stride) {
+  ForwardBatch b;
+  b.q_indptr = {0};
+  b.kv_indptr = {0};
+  for (int s = 0; s < int(tokens.size()); ++s) {
+    b.input_ids.push_back(tokens[s]);
+    b.positions.push_back(len);
+    b.out_slots.push_back(s * slot_stride + len);
+    for (int j = 0; j <= len; ++j) b.kv_slots.push_back(s * slot_stride + j);
+    b.q_indptr.push_back(s + 1);
+    b.kv_indptr.push_back(int32_t(b.kv_slots.size()));
+    b.logit_rows.push_back(s);
+  }
+  return b;
+}
+
+// Greedy next tokens of device logits {B, V}: argmax on the GPU, B ids to the host.
+std::vector<int32_t> next_tokens(CudaBackend& be, const Tensor& logits, DeviceBuffer& ids) {
+  const int64_t B = logits.dim(0);
+  greedy_argmax(logits.data<float>(), B, logits.dim(1), ids.get<int32_t>(), be.stream());
+  std::vector<int32_t> h(B);
+  MLA_CUDA_CHECK(cudaMemcpyAsync(h.data(), ids.get(), B * 4, cudaMemcpyDeviceToHost, be.stream()), "bench");
+  be.synchronize();
+  return h;
+}
+
+int run(const Args& a) {
+  const Ceilings ceil = measure_ceilings();
+  std::printf("ceilings: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s\n", ceil.copy_gbs, ceil.gemm_tflops);
+  if (!std::filesystem::exists(a.dir / "config.json")) {
+    MakeModelOptions o;
+    o.preset = a.preset;
+    o.dtype = "bf16";
+    o.out_dir = a.dir;
+    if (a.layers) o.layers = a.layers;
+    o.mtp_layers = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    write_random_checkpoint(make_model_config(o), a.dir, 0);
+    std::printf("made %s checkpoint in %.1f s\n", a.preset.c_str(), seconds_since(t0));
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  const Checkpoint ckpt = Checkpoint::open(a.dir);
+  auto backend_ptr = make_cuda_backend(0);
+  MLA_CHECK(backend_ptr, "no CUDA GPU");
+  auto& be = dynamic_cast<CudaBackend&>(*backend_ptr);
+  DeepseekModel model(ckpt, be, {MlaMode::Auto, false});
+  be.synchronize();
+  const ModelConfig& c = model.config();
+  const ParamCounts pc = count_params(c);
+  std::printf("loaded %d layers in %.1f s (%s)\n", c.num_hidden_layers, seconds_since(t0), be.name().c_str());
+  std::mt19937 rng(1);
+  DeviceBuffer ids(size_t(4) * 1024);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+
+  std::printf("\n| shape | mode | tok/s | ms/step | GB/s | of copy | TFLOP/s | of GEMM |\n|---|---|---|---|---|---|---|---|\n");
+  // Prefill.
+  for (auto [B, len] : {std::pair{1, 4096}, std::pair{8, 512}}) {
+    auto cache = allocate_kv_cache(be, c, B * len);
+    const ForwardBatch pb = prefill_batch(B, len, len, rng, c.vocab_size);
+    model.forward(pb, cache);  // warm-up (plans, allocator)
+    be.synchronize();
+    float best = 1e9f;
+    for (int i = 0; i < 3; ++i) {
+      cudaEventRecord(e0, be.stream());
+      model.forward(pb, cache);
+      cudaEventRecord(e1, be.stream());
+      cudaEventSynchronize(e1);
+      float ms;
+      cudaEventElapsedTime(&ms, e0, e1);
+      best = std::min(best, ms);
+    }
+    const double tflops = prefill_flops(c, pc, B, len) / (best / 1e3) / 1e12;
+    std::printf("| prefill %d x %d | eager | %.0f | %.2f | | | %.0f | %.0f%% |\n", B, len, B * len / (best / 1e3), best,
+                tflops, 100 * tflops / ceil.gemm_tflops);
+    std::fflush(stdout);
+  }
+
+  // Decode.
+  for (int B : a.batches) {
+    const int stride = a.input + a.output;
+    const int slots = B * stride + 1;
+    auto cache = allocate_kv_cache(be, c, slots);
+    const ForwardBatch pb = prefill_batch(B, a.input, stride, rng, c.vocab_size);
+    std::vector<int32_t> tokens = next_tokens(be, model.forward(pb, cache), ids);
+    DecodeGraphOptions opt;
+    opt.batch_sizes = {B};
+    opt.max_kv_len = stride;
+    opt.scratch_slot = slots - 1;
+    auto graphs = make_decode_graph_runner(be, opt, [&](const ForwardBatch& b) { return model.forward(b, cache); });
+    for (bool use_graph : {false, true}) {
+      const int steps = use_graph ? a.output : std::min(a.output, 16);
+      const int start = use_graph ? 0 : a.output - steps;  // eager: the last contexts, overwritten later by graphs
+      (void)start;
+      std::vector<int32_t> t = tokens;
+      const auto w0 = std::chrono::steady_clock::now();
+      cudaEventRecord(e0, be.stream());
+      for (int s = 0; s < steps; ++s) {
+        const ForwardBatch db = decode_batch(t, a.input + s, stride);
+        t = next_tokens(be, use_graph ? graphs->replay(db) : model.forward(db, cache), ids);
+      }
+      cudaEventRecord(e1, be.stream());
+      cudaEventSynchronize(e1);
+      const double sec = seconds_since(w0);
+      const double ms_step = sec * 1e3 / steps;
+      const double gbs = decode_bytes(c, pc, B, a.input + steps / 2) / (ms_step / 1e3) / 1e9;
+      std::printf("| decode bs %d (in %d, out %d) | %s | %.0f | %.3f | %.0f | %.0f%% | | |\n", B, a.input, steps,
+                  use_graph ? "cuda graph" : "eager", B * steps / sec, ms_step, gbs, 100 * gbs / ceil.copy_gbs);
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\nbytes/step at bs 1: %.2f GB (limit %.0f tok/s at the measured copy bandwidth)\n",
+              decode_bytes(c, pc, 1, a.input) / 1e9, ceil.copy_gbs * 1e9 / decode_bytes(c, pc, 1, a.input));
+  return 0;
+}
+
+}  // namespace
+}  // namespace mlaserve::cuda
+
+int main(int argc, char** argv) {
+  try {
+    return mlaserve::cuda::run(mlaserve::cuda::parse(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_model_cuda: %s\n", e.what());
+    return 1;
+  }
+}
+#else
+#include <cstdio>
+int main() {
+  std::puts("bench_model_cuda: built without CUDA");
+  return 0;
+}
+#endif
