@@ -1,0 +1,67 @@
+#include "kernels/cuda/fp8_linear.h"
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/fp8_quant.h"
+
+namespace mlaserve::cuda {
+
+const char* fp8_gemm_path_name(Fp8GemmPath path) {
+  return path == Fp8GemmPath::CublasLt ? "cublaslt" : "own";
+}
+
+Fp8GemmParams fp8_linear_params(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w,
+                                const float* w_scale, int64_t m, int64_t n, int64_t k, __nv_bfloat16* out) {
+  Fp8GemmParams p;
+  p.a = x_q;
+  p.a_row_stride = k;
+  p.a_scale = x_scale;
+  p.a_scale_row_stride = 1;
+  p.a_scale_kb_stride = scale_ld;
+  p.w = w;
+  p.w_scale = w_scale;
+  p.w_scale_ld = (k + kFp8Group - 1) / kFp8Group;
+  p.out = out;
+  p.out_row_stride = n;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  return p;
+}
+
+Fp8GemmPath Fp8Linear::path_for(int64_t m, int64_t n, int64_t k) {
+  return m > kMaxOwnKernelRows && Fp8CublasLtGemm::shape_allowed(m, n, k) ? Fp8GemmPath::CublasLt
+                                                                          : Fp8GemmPath::OwnKernel;
+}
+
+size_t Fp8Linear::workspace_bytes(int64_t m, int64_t n, int64_t k) {
+  if (m == 0) return 0;
+  return plan_fp8_gemm(fp8_linear_params(nullptr, nullptr, fp8_act_scale_ld(m), nullptr, nullptr, m, n, k, nullptr))
+      .workspace_bytes;
+}
+
+void Fp8Linear::run_own_kernel(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w,
+                               const float* w_scale, int64_t m, int64_t n, int64_t k, __nv_bfloat16* out,
+                               void* workspace, cudaStream_t stream) {
+  const Fp8GemmParams p = fp8_linear_params(x_q, x_scale, scale_ld, w, w_scale, m, n, k, out);
+  run_fp8_gemm(p, plan_fp8_gemm(p), workspace, stream);
+}
+
+bool Fp8Linear::run_cublaslt(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w,
+                             const float* w_scale, int64_t m, int64_t n, int64_t k, __nv_bfloat16* out,
+                             cudaStream_t stream) {
+  // cuBLASLt reads the token scales M apart.
+  if (scale_ld != m) return false;
+  return lt_.linear(x_q, x_scale, w, w_scale, m, n, k, out, stream);
+}
+
+Fp8GemmPath Fp8Linear::run(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w,
+                           const float* w_scale, int64_t m, int64_t n, int64_t k, __nv_bfloat16* out,
+                           void* workspace, cudaStream_t stream) {
+  MLA_CUDA_REQUIRE(scale_ld >= m, "fp8 linear: scale_ld is smaller than the row count");
+  if (path_for(m, n, k) == Fp8GemmPath::CublasLt && run_cublaslt(x_q, x_scale, scale_ld, w, w_scale, m, n, k, out, stream))
+    return Fp8GemmPath::CublasLt;
+  run_own_kernel(x_q, x_scale, scale_ld, w, w_scale, m, n, k, out, workspace, stream);
+  return Fp8GemmPath::OwnKernel;
+}
+
+}  // namespace mlaserve::cuda
