@@ -92,6 +92,11 @@ SchedulerStats Engine::stats() const {
   return stats_;
 }
 
+int Engine::in_flight() const {
+  std::lock_guard lk(mu_);
+  return in_flight_;
+}
+
 std::vector<GenerateResult> Engine::generate(std::vector<GenerateRequest> batch) {
   std::mutex m;
   std::condition_variable done_cv;

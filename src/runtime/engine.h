@@ -72,6 +72,8 @@ class Engine {
   bool drain(std::chrono::milliseconds timeout);
 
   SchedulerStats stats() const;
+  // Submitted requests whose final output has not been delivered yet.
+  int in_flight() const;
   int64_t capacity_tokens() const { return capacity_tokens_; }
   const EngineConfig& config() const { return config_; }
   int vocab_size() const { return vocab_size_; }

@@ -142,7 +142,7 @@ void ApiServer::dispatch(HttpRequest& req, const std::shared_ptr<HttpResponder>&
   } else if (p == "/metrics") {
     need("GET");
     if (!options_.enable_metrics) throw ApiError(404, "metrics are off (start the server with --enable-metrics)");
-    auto body = render_metrics(engine_.stats(), engine_.config().scheduler.page_size,
+    auto body = render_metrics(engine_.stats(), engine_.in_flight(), engine_.config().scheduler.page_size,
                                http_stats_ ? http_stats_() : HttpServerStats{}, metrics_);
     http->respond(200, std::move(body), "text/plain; version=0.0.4", {});
   } else if (p == "/get_server_info") {

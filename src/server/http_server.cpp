@@ -3,6 +3,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <fmt/format.h>
@@ -61,7 +62,7 @@ namespace {
 class Session : public HttpResponder, public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, std::shared_ptr<HttpServer::Impl> server)
-      : stream_(std::move(socket)), server_(std::move(server)) {
+      : stream_(std::move(socket)), server_(std::move(server)), read_timer_(server_->ioc) {
     server_->add(&HttpServerStats::open_connections, 1);
   }
   ~Session() override {
@@ -118,12 +119,26 @@ class Session : public HttpResponder, public std::enable_shared_from_this<Sessio
     parser_.emplace();
     parser_->body_limit(server_->options.max_body_bytes);
     parser_->header_limit(uint32_t(server_->options.max_header_bytes));
-    stream_.expires_after(server_->options.request_timeout);
+    // Our own deadline rather than the stream's: the stream would close the
+    // socket on expiry, and a slow client should still read its 408.
+    stream_.expires_never();
+    reading_ = true;
+    read_timed_out_ = false;
+    read_timer_.expires_after(server_->options.request_timeout);
+    read_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (ec || !self->reading_) return;
+      self->read_timed_out_ = true;
+      beast::error_code cancel_ec;
+      self->stream_.socket().cancel(cancel_ec);
+    });
     http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
 
   void on_read(beast::error_code ec) {
+    reading_ = false;
+    read_timer_.cancel();
+    if (ec == net::error::operation_aborted && read_timed_out_) ec = beast::error::timeout;
     if (ec) {
       bool started = parser_->got_some() || buffer_.size() > 0;
       if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset ||
@@ -283,7 +298,10 @@ class Session : public HttpResponder, public std::enable_shared_from_this<Sessio
   std::optional<http::request_parser<http::string_body>> parser_;
   std::deque<std::string> queue_;
   std::function<void()> on_disconnect_;
+  net::steady_timer read_timer_;
   char drain_[4096];
+  bool reading_ = false;
+  bool read_timed_out_ = false;
   uint64_t request_seq_ = 0;
   bool keep_alive_ = true;
   bool writing_ = false;

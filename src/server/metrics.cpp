@@ -34,9 +34,11 @@ void metric(std::string& out, const char* type, const std::string& name, const s
 
 }  // namespace
 
-std::string render_metrics(const runtime::SchedulerStats& e, int page_size, const HttpServerStats& http,
-                           const RequestMetrics& r) {
+std::string render_metrics(const runtime::SchedulerStats& e, int in_flight, int page_size,
+                           const HttpServerStats& http, const RequestMetrics& r) {
   std::string out;
+  metric(out, "gauge", "mlaserve_num_requests_in_flight", "Requests accepted and not yet answered in full.",
+         in_flight);
   metric(out, "gauge", "mlaserve_num_running_reqs", "Requests in the running batch.", e.running);
   metric(out, "gauge", "mlaserve_num_queue_reqs", "Requests waiting to be scheduled.", e.waiting);
   metric(out, "gauge", "mlaserve_kv_total_tokens", "Capacity of the paged KV pool in tokens.",

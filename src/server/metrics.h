@@ -30,7 +30,7 @@ struct RequestMetrics {
   int64_t rejected_requests = 0;  // 503: queue full or shutting down
 };
 
-std::string render_metrics(const runtime::SchedulerStats& engine, int page_size, const HttpServerStats& http,
-                           const RequestMetrics& requests);
+std::string render_metrics(const runtime::SchedulerStats& engine, int in_flight, int page_size,
+                           const HttpServerStats& http, const RequestMetrics& requests);
 
 }  // namespace mlaserve::server

@@ -103,7 +103,8 @@ class Server:
         deadline = time.time() + timeout
         while True:
             m = self.metrics()
-            if m["mlaserve_num_running_reqs"] == 0 and m["mlaserve_num_queue_reqs"] == 0:
+            if (m["mlaserve_num_requests_in_flight"] == 0 and m["mlaserve_num_running_reqs"] == 0
+                    and m["mlaserve_num_queue_reqs"] == 0):
                 return m
             if time.time() > deadline:
                 raise AssertionError(f"server not idle after {timeout}s: {m}")
