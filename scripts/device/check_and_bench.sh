@@ -3,7 +3,10 @@
 # .device-cuda carried (see pack.sh): device facts, the GPU tests, a
 # compute-sanitizer pass over them, and the kernel benchmarks. Logs go to
 # $OUT; the last lines printed are the summary.
-# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench]... (default: all)
+# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|model|peer]...
+# (default: tests sanitize bench model peer). model makes a random v2-lite
+# checkpoint in $CKPT (default /tmp/v2lite) and runs bench_model_cuda on it;
+# peer runs transformers on the same checkpoint.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}
@@ -12,7 +15,8 @@ dir=$PWD/.device-cuda
 cublas=$(find /usr/local /usr/lib /opt -name 'libcublasLt.so.13*' 2>/dev/null | head -1)
 export LD_LIBRARY_PATH="$dir/lib:${cublas:+$(dirname "$cublas"):}${LD_LIBRARY_PATH:-}"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize bench)
+[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize bench model peer)
+CKPT=${CKPT:-/tmp/v2lite}
 summary=()
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/device.txt"
@@ -38,6 +42,14 @@ for step in "${steps[@]}"; do
         "$dir/bench_kernels_cuda" --benchmark_min_warmup_time=0.05 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
         summary+=("bench: rc=${PIPESTATUS[0]}")
       fi
+      ;;
+    model)
+      "$dir/bench_model_cuda" --dir "$CKPT" ${MODEL_ARGS:-} 2>&1 | tee "$OUT/model.log"
+      summary+=("model bench: rc=${PIPESTATUS[0]}")
+      ;;
+    peer)
+      PYTHONUNBUFFERED=1 python3 scripts/device/hf_peer.py "$CKPT" ${PEER_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/peer.log"
+      summary+=("transformers peer: rc=${PIPESTATUS[0]}")
       ;;
   esac
 done
