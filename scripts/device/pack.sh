@@ -12,7 +12,7 @@ dest=.device-cuda
 rm -rf "$dest" && mkdir -p "$dest/lib"
 grep -qx '/.device-cuda/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.device-cuda/' >> .git/info/exclude; }
 bins=()
-for b in test_cuda bench_kernels_cuda mlaserve; do
+for b in test_cuda bench_kernels_cuda bench_model_cuda mlaserve; do
   [ -x "$build/$b" ] && cp "$build/$b" "$dest/" && bins+=("$dest/$b")
 done
 # Debug info would not fit the 64 MiB the device call carries.
