@@ -1,0 +1,310 @@
+// Block-FP8 kernel benchmarks at DeepSeek-V3 width (the v3-slice preset:
+// hidden 7168, 128 heads, q_lora 1536, kv_lora 512 + 64, 256 experts of
+// 2048, top-8, dense MLP 18432), timed with CUDA events (median of the
+// iterations) on random FP8 weights and activations.
+//
+// Counters: TFLOP_s and frac_fp8_peak (of the 1979 TFLOP/s FP8 dense spec;
+// the measured bf16 rate is ~790), GB_s (bytes that must move: weights,
+// activations, outputs) and frac_copy (of the device-to-device copy
+// bandwidth measured first in the same run), weight_GB_s for the weight
+// bytes alone. The label says which GEMM ran (own kernel or cuBLASLt).
+// MoE routing is uniform random over distinct experts, the balanced case.
+#include <benchmark/benchmark.h>
+
+#ifdef MLASERVE_WITH_CUDA
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/fp8_kv_cache.h"
+#include "kernels/cuda/fp8_linear.h"
+#include "kernels/cuda/fp8_mla_bmm.h"
+#include "kernels/cuda/fp8_moe.h"
+#include "kernels/cuda/fp8_quant.h"
+#include "kernels/cuda/fp8_random_fill.h"
+#include "kernels/cuda/random_fill.h"
+
+namespace mlaserve::cuda {
+namespace {
+
+constexpr double kFp8PeakTflops = 1979.0;
+constexpr int kHidden = 7168, kHeads = 128, kNope = 128, kV = 128, kLora = 512, kRope = 64;
+constexpr int kExperts = 256, kTopK = 8, kMoeInter = 2048;
+
+double g_copy_gbs = 0;
+
+template <typename Fn>
+double run_timed(benchmark::State& state, Fn&& fn) {
+  std::vector<float> times;
+  cudaEvent_t start, stop;
+  MLA_CUDA_CHECK(cudaEventCreate(&start), "bench");
+  MLA_CUDA_CHECK(cudaEventCreate(&stop), "bench");
+  fn();  // warm-up: plans, cuBLASLt heuristics
+  MLA_CUDA_CHECK(cudaDeviceSynchronize(), "bench warm-up");
+  for (auto _ : state) {
+    cudaEventRecord(start);
+    fn();
+    cudaEventRecord(stop);
+    MLA_CUDA_CHECK(cudaEventSynchronize(stop), "bench");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    state.SetIterationTime(ms / 1e3);
+    times.push_back(ms / 1e3f);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times.empty() ? 0.0 : times[times.size() / 2];
+}
+
+void report(benchmark::State& state, double seconds, double bytes, double weight_bytes, double flops) {
+  if (seconds <= 0) return;
+  state.counters["median_us"] = seconds * 1e6;
+  state.counters["GB_s"] = bytes / seconds / 1e9;
+  if (g_copy_gbs > 0) state.counters["frac_copy"] = bytes / seconds / 1e9 / g_copy_gbs;
+  state.counters["weight_GB_s"] = weight_bytes / seconds / 1e9;
+  state.counters["TFLOP_s"] = flops / seconds / 1e12;
+  state.counters["frac_fp8_peak"] = flops / seconds / 1e12 / kFp8PeakTflops;
+}
+
+struct DeviceFp8Weight {
+  DeviceBuffer q, scale;
+  DeviceFp8Weight(int64_t count, int64_t n, int64_t k, uint32_t seed)
+      : q(size_t(count) * n * k), scale(size_t(count) * ((n + 127) / 128) * ((k + 127) / 128) * 4) {
+    fill_random_e4m3(q.get<uint8_t>(), q.bytes(), seed, nullptr);
+    fill_random_scales(scale.get<float>(), scale.bytes() / 4, 1e-4f, 2e-4f, seed + 1, nullptr);
+  }
+};
+
+// Quantized activations {m, k} with their scales, from random bf16.
+struct DeviceFp8Act {
+  int64_t ld;
+  DeviceBuffer q, scale;
+  DeviceFp8Act(int64_t m, int64_t k, uint32_t seed)
+      : ld(fp8_act_scale_ld(m)), q(size_t(ld) * k), scale(size_t(ld) * (k / 128) * 4) {
+    DeviceBuffer x(size_t(m) * k * 2);
+    fill_random_bf16(x.get<__nv_bfloat16>(), size_t(m) * k, seed, nullptr);
+    quantize_fp8_act(x.get<__nv_bfloat16>(), m, k, k, q.get<uint8_t>(), scale.get<float>(), ld, nullptr);
+  }
+};
+
+// ---- ceiling ---------------------------------------------------------------
+
+void BM_CopyBandwidth(benchmark::State& state) {
+  const size_t bytes = size_t(2) << 30;
+  DeviceBuffer a(bytes), b(bytes);
+  MLA_CUDA_CHECK(cudaMemset(a.get(), 1, bytes), "bench");
+  const double s = run_timed(state, [&] { cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice); });
+  state.counters["GB_s"] = 2.0 * bytes / s / 1e9;
+  g_copy_gbs = 2.0 * bytes / s / 1e9;
+}
+
+// ---- dense FP8 GEMMs ---------------------------------------------------------
+
+enum class Force { Dispatch, Own, CublasLt };
+
+void fp8_linear_bench(benchmark::State& state, Force force) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  DeviceFp8Weight w(1, n, k, 7);
+  DeviceFp8Act x(m, k, 9);
+  DeviceBuffer out(size_t(m) * n * 2), workspace(Fp8Linear::workspace_bytes(m, n, k));
+  Fp8Linear linear;
+  Fp8GemmPath path = Fp8GemmPath::OwnKernel;
+  bool ok = true;
+  const double s = run_timed(state, [&] {
+    switch (force) {
+      case Force::Dispatch:
+        path = linear.run(x.q.get<uint8_t>(), x.scale.get<float>(), x.ld, w.q.get<uint8_t>(), w.scale.get<float>(),
+                          m, n, k, out.get<__nv_bfloat16>(), workspace.get(), nullptr);
+        break;
+      case Force::Own:
+        linear.run_own_kernel(x.q.get<uint8_t>(), x.scale.get<float>(), x.ld, w.q.get<uint8_t>(),
+                              w.scale.get<float>(), m, n, k, out.get<__nv_bfloat16>(), workspace.get(), nullptr);
+        break;
+      case Force::CublasLt:
+        path = Fp8GemmPath::CublasLt;
+        ok = linear.run_cublaslt(x.q.get<uint8_t>(), x.scale.get<float>(), x.ld, w.q.get<uint8_t>(),
+                                 w.scale.get<float>(), m, n, k, out.get<__nv_bfloat16>(), nullptr);
+        break;
+    }
+  });
+  if (!ok) {
+    state.SkipWithError("cuBLASLt has no block-scaled FP8 algorithm for this shape");
+    return;
+  }
+  state.SetLabel(fp8_gemm_path_name(path));
+  const double weight_bytes = double(n) * k;
+  report(state, s, weight_bytes + double(m) * k + double(m) * n * 2, weight_bytes, 2.0 * m * n * k);
+}
+
+void BM_Fp8Linear(benchmark::State& state) { fp8_linear_bench(state, Force::Dispatch); }
+void BM_Fp8LinearOwnKernel(benchmark::State& state) { fp8_linear_bench(state, Force::Own); }
+void BM_Fp8LinearCublasLt(benchmark::State& state) { fp8_linear_bench(state, Force::CublasLt); }
+
+// V3 linear shapes {N, K}: q_a, q_b, kv_a, kv_b (expanded prefill), o_proj,
+// shared expert gate_up / down, dense MLP gate_up / down.
+const std::vector<std::pair<int64_t, int64_t>> kV3Shapes = {
+    {1536, 7168}, {24576, 1536}, {576, 7168},  {32768, 512},   {7168, 16384},
+    {4096, 7168}, {7168, 2048},  {36864, 7168}, {7168, 18432}};
+
+void dense_args(benchmark::internal::Benchmark* b) {
+  for (int64_t m : {1, 64, 4096})
+    for (auto [n, k] : kV3Shapes) b->Args({m, n, k});
+}
+
+// ---- fused MoE ---------------------------------------------------------------
+
+void BM_Fp8Moe(benchmark::State& state) {
+  const int tokens = int(state.range(0));
+  DeviceFp8Weight gate_up(kExperts, 2 * kMoeInter, kHidden, 11), down(kExperts, kHidden, kMoeInter, 13);
+  DeviceBuffer x(size_t(tokens) * kHidden * 2), out(size_t(tokens) * kHidden * 2);
+  fill_random_bf16(x.get<__nv_bfloat16>(), size_t(tokens) * kHidden, 15, nullptr);
+  std::mt19937 rng(17);
+  std::vector<int32_t> ids(size_t(tokens) * kTopK);
+  std::vector<float> weights(ids.size(), 1.0f / kTopK);
+  std::set<int> touched;
+  std::vector<int> perm(kExperts);
+  std::iota(perm.begin(), perm.end(), 0);
+  for (int t = 0; t < tokens; ++t) {
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int j = 0; j < kTopK; ++j) touched.insert(ids[t * kTopK + j] = perm[j]);
+  }
+  DeviceBuffer dids(ids.size() * 4), dw(weights.size() * 4);
+  MLA_CUDA_CHECK(cudaMemcpy(dids.get(), ids.data(), dids.bytes(), cudaMemcpyHostToDevice), "bench");
+  MLA_CUDA_CHECK(cudaMemcpy(dw.get(), weights.data(), dw.bytes(), cudaMemcpyHostToDevice), "bench");
+  DeviceBuffer workspace(fp8_moe_workspace_bytes(tokens, kTopK, kExperts, kHidden, kMoeInter));
+  Fp8MoeParams p;
+  p.x = x.get<__nv_bfloat16>();
+  p.w_gate_up = gate_up.q.get<uint8_t>();
+  p.w_gate_up_scale = gate_up.scale.get<float>();
+  p.w_down = down.q.get<uint8_t>();
+  p.w_down_scale = down.scale.get<float>();
+  p.topk_ids = dids.get<int32_t>();
+  p.topk_weights = dw.get<float>();
+  p.num_tokens = tokens;
+  p.hidden = kHidden;
+  p.inter = kMoeInter;
+  p.num_experts = kExperts;
+  p.top_k = kTopK;
+  p.out = out.get<__nv_bfloat16>();
+  const double s = run_timed(state, [&] { fp8_moe_experts(p, workspace.get(), nullptr); });
+  const double expert_bytes = 3.0 * kHidden * kMoeInter, weight_bytes = expert_bytes * double(touched.size());
+  state.counters["experts_touched"] = double(touched.size());
+  state.counters["block_m"] = fp8_moe_block_m(tokens, kTopK, kExperts);
+  report(state, s, weight_bytes + 4.0 * tokens * kHidden, weight_bytes,
+         2.0 * tokens * kTopK * 3.0 * kHidden * kMoeInter);
+}
+
+// ---- MLA absorbed BMMs -----------------------------------------------------------
+
+struct MlaBench {
+  Fp8MlaShape shape{kHeads, kNope, kV, kLora};
+  DeviceFp8Weight kv_b{1, int64_t(kHeads) * (kNope + kV), kLora, 19};
+  DeviceBuffer w_uk_t{fp8_w_uk_t_bytes(shape)}, w_uk_t_s{fp8_w_uk_t_scale_count(shape) * 4};
+  Fp8MlaWeights weights;
+  MlaBench() {
+    fp8_repack_w_uk(shape, kv_b.q.get<uint8_t>(), kv_b.scale.get<float>(), w_uk_t.get<uint8_t>(),
+                    w_uk_t_s.get<float>(), nullptr);
+    weights.shape = shape;
+    weights.kv_b = kv_b.q.get<uint8_t>();
+    weights.kv_b_scale = kv_b.scale.get<float>();
+    weights.w_uk_t = w_uk_t.get<uint8_t>();
+    weights.w_uk_t_scale = w_uk_t_s.get<float>();
+  }
+};
+
+void BM_Fp8QAbsorb(benchmark::State& state) {
+  const int tokens = int(state.range(0)), q_stride = kNope + kRope;
+  MlaBench mla;
+  DeviceBuffer q(size_t(tokens) * kHeads * q_stride * 2), out(size_t(tokens) * kHeads * kLora * 2);
+  fill_random_bf16(q.get<__nv_bfloat16>(), size_t(tokens) * kHeads * q_stride, 21, nullptr);
+  DeviceBuffer workspace(fp8_mla_bmm_workspace_bytes(mla.shape, tokens));
+  const double s = run_timed(state, [&] {
+    fp8_q_absorb(mla.weights, q.get<__nv_bfloat16>(), q_stride, tokens, out.get<__nv_bfloat16>(), workspace.get(),
+                 nullptr);
+  });
+  const double weight_bytes = double(kHeads) * kNope * kLora;
+  report(state, s, weight_bytes + 2.0 * tokens * kHeads * (q_stride + kLora), weight_bytes,
+         2.0 * tokens * kHeads * kNope * kLora);
+}
+
+void BM_Fp8VUp(benchmark::State& state) {
+  const int tokens = int(state.range(0));
+  MlaBench mla;
+  DeviceBuffer o(size_t(tokens) * kHeads * kLora * 2), out(size_t(tokens) * kHeads * kV * 2);
+  fill_random_bf16(o.get<__nv_bfloat16>(), size_t(tokens) * kHeads * kLora, 23, nullptr);
+  DeviceBuffer workspace(fp8_mla_bmm_workspace_bytes(mla.shape, tokens));
+  const double s = run_timed(state, [&] {
+    fp8_v_up(mla.weights, o.get<__nv_bfloat16>(), tokens, out.get<__nv_bfloat16>(), workspace.get(), nullptr);
+  });
+  const double weight_bytes = double(kHeads) * kV * kLora;
+  report(state, s, weight_bytes + 2.0 * tokens * kHeads * (kLora + kV), weight_bytes,
+         2.0 * tokens * kHeads * kV * kLora);
+}
+
+// ---- activation quantization and the FP8 latent cache ----------------------------
+
+void BM_Fp8RmsNormQuantize(benchmark::State& state) {
+  const int64_t rows = state.range(0), ld = fp8_act_scale_ld(rows);
+  DeviceBuffer x(size_t(rows) * kHidden * 2), w(kHidden * 2), q(size_t(ld) * kHidden), sc(size_t(ld) * 56 * 4);
+  fill_random_bf16(x.get<__nv_bfloat16>(), size_t(rows) * kHidden, 25, nullptr);
+  fill_random_bf16(w.get<__nv_bfloat16>(), kHidden, 27, nullptr);
+  const double s = run_timed(state, [&] {
+    rms_norm_quantize_fp8(x.get<__nv_bfloat16>(), w.get<__nv_bfloat16>(), 1e-6f, rows, kHidden, q.get<uint8_t>(),
+                          sc.get<float>(), ld, nullptr, nullptr);
+  });
+  report(state, s, double(rows) * kHidden * (2 + 1 + 4.0 / 128), 0, 0);
+}
+
+// Reading a batch's whole latent context back from the FP8 cache (what an
+// attention kernel reading the FP8 cache moves), against 1152 bytes a
+// token for the bf16 cache.
+void BM_Fp8KvLoad(benchmark::State& state) {
+  const int64_t rows = state.range(0);
+  const Fp8KvLayout layout;
+  DeviceBuffer cache(size_t(rows) * layout.slot_bytes()), out(size_t(rows) * (kLora + kRope) * 2);
+  DeviceBuffer src(size_t(rows) * (kLora + kRope) * 2);
+  fill_random_bf16(src.get<__nv_bfloat16>(), size_t(rows) * (kLora + kRope), 29, nullptr);
+  std::vector<int32_t> slots(rows);
+  std::iota(slots.begin(), slots.end(), 0);
+  DeviceBuffer dslots(slots.size() * 4);
+  MLA_CUDA_CHECK(cudaMemcpy(dslots.get(), slots.data(), dslots.bytes(), cudaMemcpyHostToDevice), "bench");
+  fp8_kv_store(layout, src.get<__nv_bfloat16>(), dslots.get<int32_t>(), rows, cache.get<uint8_t>(), nullptr);
+  const double s = run_timed(state, [&] {
+    fp8_kv_load(layout, cache.get<uint8_t>(), dslots.get<int32_t>(), rows, out.get<__nv_bfloat16>(), nullptr);
+  });
+  report(state, s, double(rows) * (layout.slot_bytes() + (kLora + kRope) * 2), 0, 0);
+}
+
+}  // namespace
+}  // namespace mlaserve::cuda
+
+using namespace mlaserve::cuda;
+
+BENCHMARK(BM_CopyBandwidth)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(20);
+BENCHMARK(BM_Fp8Linear)->Apply(dense_args)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+// Own kernel where the dispatcher picks cuBLASLt, and cuBLASLt where it
+// picks the own kernel: the evidence for the split.
+BENCHMARK(BM_Fp8LinearOwnKernel)
+    ->Args({4096, 24576, 1536})->Args({4096, 7168, 16384})->Args({4096, 36864, 7168})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+BENCHMARK(BM_Fp8LinearCublasLt)
+    ->Args({64, 7168, 16384})->Args({64, 4096, 7168})->Args({128, 7168, 16384})->Args({128, 36864, 7168})
+    ->Args({256, 7168, 16384})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+BENCHMARK(BM_Fp8Moe)->Arg(1)->Arg(64)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
+BENCHMARK(BM_Fp8QAbsorb)->Arg(1)->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+BENCHMARK(BM_Fp8VUp)->Arg(1)->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+BENCHMARK(BM_Fp8RmsNormQuantize)->Arg(1)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+BENCHMARK(BM_Fp8KvLoad)->Arg(64 * 8192)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+
+#endif  // MLASERVE_WITH_CUDA: without it there is nothing to benchmark
+
+BENCHMARK_MAIN();

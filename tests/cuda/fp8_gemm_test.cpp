@@ -1,0 +1,97 @@
+// Block-scaled FP8 linear (own kernel and cuBLASLt) against an f64 host
+// product of the dequantized operands.
+//
+// Bounds: both sides multiply the same dequantized values (the device's own
+// quantized activations are downloaded for the reference), so the only
+// differences are f32 accumulation order (~1e-6) and the bf16 output
+// rounding (at most 2^-9 relative per element, ~1e-3 RMS): bound 5e-3.
+// Against the unquantized bf16 activations the 1x128 e4m3 rounding of x
+// enters too (~2.5% RMS per element, and so of each dot product): 4.5e-2.
+#include "kernels/cuda/fp8_linear.h"
+
+#include "fp8_test_util.h"
+#include "kernels/cuda/fp8_quant.h"
+
+namespace mlaserve::cuda::testing {
+namespace {
+
+constexpr double kSameOperandsTol = 5e-3, kVsUnquantizedTol = 4.5e-2;
+
+struct Case {
+  int64_t m, n, k;
+  Fp8GemmPath path;
+};
+
+std::string name(const Case& c) {
+  return std::string(fp8_gemm_path_name(c.path)) + " " + std::to_string(c.m) + "x" + std::to_string(c.n) + "x" +
+         std::to_string(c.k);
+}
+
+class Fp8Gemm : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
+  MLA_SKIP_WITHOUT_GPU();
+  const Case c = GetParam();
+  std::mt19937 rng(17 + c.m + c.n);
+  const HostFp8Weight w = random_fp8_weight(c.n, c.k, rng);
+  const auto x = random_activations(c.m, c.k, rng);
+  const int64_t ld = fp8_act_scale_ld(c.m);
+  auto dx = upload(x), dwq = upload(w.q), dws = upload(w.scale);
+  DeviceBuffer dxq(ld * c.k), dxs(ld * (c.k / 128) * 4);
+  quantize_fp8_act(dx.get<__nv_bfloat16>(), c.m, c.k, c.k, dxq.get<uint8_t>(), dxs.get<float>(), ld, nullptr);
+  auto dout = poisoned(c.m * c.n * 2);
+  DeviceBuffer workspace(Fp8Linear::workspace_bytes(c.m, c.n, c.k));
+  Fp8Linear linear;
+  if (c.path == Fp8GemmPath::OwnKernel) {
+    linear.run_own_kernel(dxq.get<uint8_t>(), dxs.get<float>(), ld, dwq.get<uint8_t>(), dws.get<float>(), c.m, c.n,
+                          c.k, dout.get<__nv_bfloat16>(), workspace.get(), nullptr);
+  } else {
+    ASSERT_TRUE(linear.run_cublaslt(dxq.get<uint8_t>(), dxs.get<float>(), ld, dwq.get<uint8_t>(), dws.get<float>(),
+                                    c.m, c.n, c.k, dout.get<__nv_bfloat16>(), nullptr))
+        << "cuBLASLt has no block-scaled FP8 algorithm for " << name(c);
+  }
+  const auto out = to_float(download<uint16_t>(dout, c.m * c.n));
+
+  const auto xq = download<uint8_t>(dxq, c.m * c.k);
+  const auto xs = download<float>(dxs, ld * (c.k / 128));
+  std::vector<float> x_deq(c.m * c.k), x_exact(c.m * c.k);
+  for (int64_t r = 0; r < c.m; ++r)
+    for (int64_t i = 0; i < c.k; ++i) {
+      x_deq[r * c.k + i] = fp8e4m3_to_f32(xq[r * c.k + i]) * xs[(i / 128) * ld + r];
+      x_exact[r * c.k + i] = bf16_to_f32(x[r * c.k + i]);
+    }
+  const double err = rel_l2(out, matmul_nt(x_deq, w.dequant, c.m, c.n, c.k));
+  const double err_exact = rel_l2(out, matmul_nt(x_exact, w.dequant, c.m, c.n, c.k));
+  report_fp8("fp8 linear", name(c).c_str(), err, kSameOperandsTol);
+  report_fp8("fp8 linear vs bf16 x", name(c).c_str(), err_exact, kVsUnquantizedTol);
+  EXPECT_LT(err, kSameOperandsTol);
+  EXPECT_LT(err_exact, kVsUnquantizedTol);
+}
+
+constexpr auto kOwn = Fp8GemmPath::OwnKernel;
+constexpr auto kLt = Fp8GemmPath::CublasLt;
+INSTANTIATE_TEST_SUITE_P(Shapes, Fp8Gemm,
+                         ::testing::Values(Case{1, 576, 7168, kOwn},     // kv_a at decode: split-K, partial tile
+                                           Case{3, 1536, 1536, kOwn},    // q_b-like K
+                                           Case{16, 256, 4096, kOwn},    //
+                                           Case{64, 512, 2048, kOwn},    // expert down K
+                                           Case{128, 384, 1024, kOwn},   // largest own tile
+                                           Case{200, 256, 1024, kOwn},   // two row chunks
+                                           Case{256, 512, 1024, kLt},    //
+                                           Case{132, 384, 2048, kLt},    //
+                                           Case{256, 576, 1024, kLt}));  // N not a multiple of 128
+
+TEST(Fp8LinearDispatch, SmallMUsesOwnKernelLargeMUsesCublasLt) {
+  EXPECT_EQ(Fp8Linear::path_for(1, 7168, 16384), Fp8GemmPath::OwnKernel);
+  EXPECT_EQ(Fp8Linear::path_for(128, 24576, 1536), Fp8GemmPath::OwnKernel);
+  EXPECT_EQ(Fp8Linear::path_for(4096, 24576, 1536), Fp8GemmPath::CublasLt);
+  EXPECT_EQ(Fp8Linear::path_for(4097, 7168, 2048), Fp8GemmPath::OwnKernel) << "M not a multiple of 4";
+}
+
+TEST(Fp8LinearDispatch, RejectsKThatIsNotABlockMultiple) {
+  MLA_SKIP_WITHOUT_GPU();
+  EXPECT_THROW(Fp8Linear::workspace_bytes(1, 256, 100), std::exception);
+}
+
+}  // namespace
+}  // namespace mlaserve::cuda::testing
