@@ -15,7 +15,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <random>
+#include <type_traits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -194,6 +196,118 @@ ForwardBatch decode_batch(const std::vector<int32_t>& tokens, int len, int slot_
   return b;
 }
 
+// Times every op of the model on the GPU (events around each call) while
+// forwarding to the CUDA backend: the per-op breakdown of a decode step.
+class OpTimingBackend final : public Backend {
+ private:
+  struct Record {
+    std::string op;
+    cudaEvent_t start, stop;
+  };
+  template <typename Fn>
+  auto timed(std::string op, Fn&& fn) {
+    if (!enabled_) return fn();
+    Record r{std::move(op), nullptr, nullptr};
+    cudaEventCreate(&r.start);
+    cudaEventCreate(&r.stop);
+    cudaEventRecord(r.start, in_.stream());
+    if constexpr (std::is_void_v<decltype(fn())>) {
+      fn();
+      cudaEventRecord(r.stop, in_.stream());
+      records_.push_back(std::move(r));
+    } else {
+      auto out = fn();
+      cudaEventRecord(r.stop, in_.stream());
+      records_.push_back(std::move(r));
+      return out;
+    }
+  }
+  CudaBackend& in_;
+  bool enabled_ = false;
+  std::vector<Record> records_;
+
+ public:
+  explicit OpTimingBackend(CudaBackend& inner) : in_(inner) {}
+  ~OpTimingBackend() override {
+    for (auto& r : records_) {
+      cudaEventDestroy(r.start);
+      cudaEventDestroy(r.stop);
+    }
+  }
+  Device device() const override { return in_.device(); }
+  std::string name() const override { return "timed " + in_.name(); }
+  DType act_dtype() const override { return in_.act_dtype(); }
+  Tensor alloc(const Shape& s, DType d) override { return in_.alloc(s, d); }
+  Weight load_weight(const Tensor& w, const Tensor& s) override { return in_.load_weight(w, s); }
+  Tensor load_tensor(const Tensor& h) override { return in_.load_tensor(h); }
+  ExpertWeights load_experts(std::vector<Weight> g, std::vector<Weight> u, std::vector<Weight> d) override {
+    return in_.load_experts(std::move(g), std::move(u), std::move(d));
+  }
+  Tensor to_host(const Tensor& t) override { return in_.to_host(t); }
+  DeviceBatch prepare_batch(const ForwardBatch& b) override { return timed("prepare_batch", [&] { return in_.prepare_batch(b); }); }
+  void synchronize() override { in_.synchronize(); }
+  void embedding(const Tensor& i, const Tensor& t, Tensor o) override { timed("embedding", [&] { in_.embedding(i, t, o); }); }
+  void rms_norm(const Tensor& x, const Tensor& w, float e, Tensor o, Tensor r) override {
+    timed("rms_norm", [&] { in_.rms_norm(x, w, e, o, r); });
+  }
+  void linear(const Tensor& x, const Weight& w, Tensor o) override {
+    timed(fmt::format("linear {}x{}", w.out_features(), w.in_features()), [&] { in_.linear(x, w, o); });
+  }
+  void linear_f32_out(const Tensor& x, const Weight& w, Tensor o) override {
+    timed(fmt::format("linear_f32_out {}x{}", w.out_features(), w.in_features()), [&] { in_.linear_f32_out(x, w, o); });
+  }
+  void rope(Tensor x, int off, const Tensor& p, const Tensor& f, float s) override {
+    timed("rope", [&] { in_.rope(x, off, p, f, s); });
+  }
+  void silu_and_mul(const Tensor& g, const Tensor& u, Tensor o) override { timed("silu_and_mul", [&] { in_.silu_and_mul(g, u, o); }); }
+  void add(Tensor y, const Tensor& x) override { timed("add", [&] { in_.add(y, x); }); }
+  void copy_columns(const Tensor& s, int64_t sc, Tensor d, int64_t dc, int64_t n) override {
+    timed("copy_columns", [&] { in_.copy_columns(s, sc, d, dc, n); });
+  }
+  void scatter_rows(Tensor c, const Tensor& r, const Tensor& s) override { timed("scatter_rows", [&] { in_.scatter_rows(c, r, s); }); }
+  void gather_rows(const Tensor& c, const Tensor& s, Tensor o) override { timed("gather_rows", [&] { in_.gather_rows(c, s, o); }); }
+  void head_bmm(const Tensor& x, const Tensor& w, bool t, Tensor o) override { timed("head_bmm", [&] { in_.head_bmm(x, w, t, o); }); }
+  void mla_attention_absorbed(const Tensor& q, const Tensor& c, const DeviceBatch& b, float s, Tensor o) override {
+    timed("mla_attention_absorbed", [&] { in_.mla_attention_absorbed(q, c, b, s, o); });
+  }
+  void mla_attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& kpe, const DeviceBatch& b, float s,
+                              Tensor o) override {
+    timed("mla_attention_expanded", [&] { in_.mla_attention_expanded(q, kv, kpe, b, s, o); });
+  }
+  void moe_route(const Tensor& l, const Tensor& b, const RouterParams& p, Tensor i, Tensor w) override {
+    timed("moe_route", [&] { in_.moe_route(l, b, p, i, w); });
+  }
+  void moe_experts(const Tensor& x, const ExpertWeights& e, const Tensor& i, const Tensor& w, Tensor o) override {
+    timed("moe_experts", [&] { in_.moe_experts(x, e, i, w, o); });
+  }
+
+  void enable(bool on) { enabled_ = on; }
+
+  // Sum of GPU time per op name since the last reset, largest first.
+  void print_and_reset(int steps) {
+    in_.synchronize();
+    std::map<std::string, std::pair<double, int>> by_op;
+    double total = 0;
+    for (auto& r : records_) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, r.start, r.stop);
+      by_op[r.op].first += ms;
+      by_op[r.op].second += 1;
+      total += ms;
+      cudaEventDestroy(r.start);
+      cudaEventDestroy(r.stop);
+    }
+    records_.clear();
+    std::vector<std::pair<std::string, std::pair<double, int>>> rows(by_op.begin(), by_op.end());
+    std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.second.first > b.second.first; });
+    std::printf("\n| op (per eager decode step) | calls | ms | share |\n|---|---|---|---|\n");
+    for (auto& [op, v] : rows)
+      std::printf("| %s | %d | %.3f | %.0f%% |\n", op.c_str(), v.second / steps, v.first / steps, 100 * v.first / total);
+    std::printf("| all ops | | %.3f | |\n", total / steps);
+  }
+
+};
+
 // Greedy next tokens of device logits {B, V}: argmax on the GPU, B ids to the host.
 std::vector<int32_t> next_tokens(CudaBackend& be, const Tensor& logits, DeviceBuffer& ids) {
   const int64_t B = logits.dim(0);
@@ -222,8 +336,10 @@ int run(const Args& a) {
   const Checkpoint ckpt = Checkpoint::open(a.dir);
   auto backend_ptr = make_cuda_backend(0);
   MLA_CHECK(backend_ptr, "no CUDA GPU");
-  auto& be = dynamic_cast<CudaBackend&>(*backend_ptr);
-  DeepseekModel model(ckpt, be, {MlaMode::Auto, false});
+  auto& cuda_be = dynamic_cast<CudaBackend&>(*backend_ptr);
+  OpTimingBackend timing(cuda_be);
+  DeepseekModel model(ckpt, timing, {MlaMode::Auto, false});
+  auto& be = cuda_be;
   be.synchronize();
   const ModelConfig& c = model.config();
   const ParamCounts pc = count_params(c);
@@ -274,6 +390,7 @@ int run(const Args& a) {
       const int start = use_graph ? 0 : a.output - steps;  // eager: the last contexts, overwritten later by graphs
       (void)start;
       std::vector<int32_t> t = tokens;
+      if (!use_graph && B == a.batches.front()) timing.enable(true);
       const auto w0 = std::chrono::steady_clock::now();
       cudaEventRecord(e0, be.stream());
       for (int s = 0; s < steps; ++s) {
@@ -283,6 +400,10 @@ int run(const Args& a) {
       cudaEventRecord(e1, be.stream());
       cudaEventSynchronize(e1);
       const double sec = seconds_since(w0);
+      if (!use_graph && B == a.batches.front()) {
+        timing.enable(false);
+        timing.print_and_reset(steps);
+      }
       const double ms_step = sec * 1e3 / steps;
       const double gbs = decode_bytes(c, pc, B, a.input + steps / 2) / (ms_step / 1e3) / 1e9;
       std::printf("| decode bs %d (in %d, out %d) | %s | %.0f | %.3f | %.0f | %.0f%% | | |\n", B, a.input, steps,

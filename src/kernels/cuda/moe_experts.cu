@@ -11,7 +11,13 @@
 namespace mlaserve::cuda {
 namespace {
 
-constexpr int kBlockK = 64, kStages = 4, kThreads = 128;
+constexpr int kBlockK = 64, kThreads = 128;
+
+// Pipeline depth: decode-sized tiles are small (80 x 64 per stage), and a
+// weight-streaming kernel needs many bytes in flight per SM to cover DRAM
+// latency, so they get 8 stages; 4 for the 192-row tiles of large batches.
+template <int kBM>
+constexpr int stages_for() { return kBM == 16 ? 8 : 4; }
 
 // Column block per row block: decode-sized batches (16-row blocks) stream each
 // expert's weights through twice as many 64-column blocks, so the few active
@@ -87,7 +93,7 @@ __global__ void moe_align_kernel(const int32_t* topk_ids, int assignments, int n
 // ldmatrix phases conflict-free (144 B rows = 9 x 16 B, odd).
 template <int kBM, bool kGather>
 __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmParams p) {
-  constexpr int kBlockN = block_n_for<kBM>();
+  constexpr int kBlockN = block_n_for<kBM>(), kStages = stages_for<kBM>();
   constexpr int kWM = kBM >= 64 ? 2 : 1, kWN = 4 / kWM;
   constexpr int kWTM = kBM / kWM, kWTN = kBlockN / kWN, kMT = kWTM / 16, kNT = kWTN / 8;
   constexpr int kStride = kBlockK + 8, kChunks = kBlockK / 8;
@@ -204,7 +210,7 @@ __global__ void moe_combine_kernel(const __nv_bfloat16* y, const int32_t* positi
 
 template <int kBM, bool kGather>
 void launch_grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
-  constexpr int kBlockN = block_n_for<kBM>();
+  constexpr int kBlockN = block_n_for<kBM>(), kStages = stages_for<kBM>();
   constexpr size_t smem = sizeof(__nv_bfloat16) * kStages * (kBM + kBlockN) * (kBlockK + 8);
   auto kernel = grouped_gemm_kernel<kBM, kGather>;
   static bool attribute_set = false;  // once per instantiation
