@@ -1,6 +1,7 @@
 #include "io/safetensors.h"
 
 #include <fstream>
+#include <iterator>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -187,6 +188,41 @@ TEST_F(SafetensorsTest, HoleBetweenTensors) {
 TEST_F(SafetensorsTest, TrailingBytes) {
   auto p = write_raw(R"({"A":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 9);
   EXPECT_THAT(open_error(p), AllOf(HasSubstr("t.safetensors"), HasSubstr("trailing")));
+}
+
+// Whatever the damage, opening either succeeds with a consistent header or
+// throws mlaserve::Error: never a crash, never another exception type.
+TEST_F(SafetensorsTest, CorruptedFilesNeverCrash) {
+  const std::string header = R"({"__metadata__":{"format":"pt"},)"
+                             R"("A":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,12]},)"
+                             R"("B":{"dtype":"F32","shape":[4],"data_offsets":[12,28]}})";
+  auto good = write_raw(header, 28);
+  std::string bytes;
+  {
+    std::ifstream f(good, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  auto p = dir_ / "bad.safetensors";
+  auto try_open = [&](const std::string& content) {
+    std::ofstream(p, std::ios::binary | std::ios::trunc) << content;
+    try {
+      auto f = SafetensorsFile::open(p);
+      uint64_t covered = 0;
+      for (auto& [name, e] : f->tensors()) covered += e.nbytes();
+      EXPECT_EQ(covered, f->data_size());
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("bad.safetensors"));
+    }
+  };
+  for (size_t len = 0; len < bytes.size(); ++len) try_open(bytes.substr(0, len));  // every truncation
+  uint64_t state = 12345;
+  for (int i = 0; i < 300; ++i) {  // random byte overwrites in the length and header
+    std::string b = bytes;
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    size_t pos = size_t(state >> 33) % (8 + header.size());
+    b[pos] = char(state >> 17);
+    try_open(b);
+  }
 }
 
 TEST_F(SafetensorsTest, MissingFile) {
