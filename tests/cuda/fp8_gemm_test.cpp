@@ -81,11 +81,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8Gemm,
                                            Case{132, 384, 2048, kLt},    //
                                            Case{256, 576, 1024, kLt}));  // N not a multiple of 128
 
-TEST(Fp8LinearDispatch, SmallMUsesOwnKernelLargeMUsesCublasLt) {
+TEST(Fp8LinearDispatch, SmallMUsesOwnKernelLargerMUsesCublasLt) {
   EXPECT_EQ(Fp8Linear::path_for(1, 7168, 16384), Fp8GemmPath::OwnKernel);
-  EXPECT_EQ(Fp8Linear::path_for(128, 24576, 1536), Fp8GemmPath::OwnKernel);
+  EXPECT_EQ(Fp8Linear::path_for(8, 4096, 7168), Fp8GemmPath::OwnKernel);
+  EXPECT_EQ(Fp8Linear::path_for(12, 4096, 7168), Fp8GemmPath::CublasLt);
+  EXPECT_EQ(Fp8Linear::path_for(128, 24576, 1536), Fp8GemmPath::CublasLt);
   EXPECT_EQ(Fp8Linear::path_for(4096, 24576, 1536), Fp8GemmPath::CublasLt);
   EXPECT_EQ(Fp8Linear::path_for(4097, 7168, 2048), Fp8GemmPath::OwnKernel) << "M not a multiple of 4";
+  EXPECT_EQ(Fp8Linear::path_for(64, 576, 1000), Fp8GemmPath::OwnKernel) << "K not a multiple of 512";
 }
 
 TEST(Fp8LinearDispatch, RejectsKThatIsNotABlockMultiple) {

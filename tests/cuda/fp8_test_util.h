@@ -97,7 +97,7 @@ inline std::vector<double> matmul_nt(const std::vector<float>& x, const std::vec
 }
 
 inline void report_fp8(const char* what, const char* detail, double err, double bound) {
-  std::printf("[rel_l2] %-22s %-34s %.2e (bound %.0e)\n", what, detail, err, bound);
+  std::printf("[rel_l2] %-22s %-34s %.2e (bound %.1e)\n", what, detail, err, bound);
 }
 
 }  // namespace mlaserve::cuda::testing

@@ -5,8 +5,13 @@
 // weights {N, K} and their 128x128 scales, f32 accumulation with the scales
 // applied per 128-wide K block (never FP8 accumulation across blocks).
 //
-// Built for the weight-bandwidth-bound side: M <= 128 rows per weight (decode,
-// MoE experts), M = 1 included, which cuBLASLt's block-scaled path rejects.
+// Built for the weight-bandwidth-bound side: few rows per weight (decode,
+// MoE experts in decode), M = 1 included, which cuBLASLt's block-scaled path
+// rejects. Any M works (rows in chunks of up to 128), but NOTES: sm_90 has
+// no warp-level FP8 MMA (QMMA); ptxas lowers mma.sync e4m3 to e4m3->f16
+// conversions plus HMMA.16816, redone for every 8-token tile, so past 8
+// rows a weight the kernel is conversion-bound (docs/fp8.md). Hopper's FP8
+// tensor cores (QGMMA) need wgmma; large M goes to cuBLASLt instead.
 // NOTES: "swap AB": weight rows are the MMA's M side (16 per warp), tokens
 // its N side (8 per tile), so one pass over the weights serves up to 128
 // tokens and a single token wastes tensor work, not memory traffic. Each

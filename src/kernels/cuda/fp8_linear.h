@@ -1,10 +1,12 @@
 #pragma once
 // A block-FP8 linear layer on quantized activations: out{M, N} bf16 =
-// dequant(x_q{M, K}) · dequant(w{N, K})ᵀ, choosing the GEMM per shape:
-//   M > 128 and cuBLASLt's layout rules hold -> cuBLASLt block-scaled FP8
-//     (compute-bound prefill: its wgmma kernels reach ~1,100 TFLOP/s);
-//   otherwise -> our own kernel (fp8_gemm.h: weight-bandwidth-bound decode,
-//     M = 1 included, which cuBLASLt rejects).
+// dequant(x_q{M, K}) · dequant(w{N, K})ᵀ, choosing the GEMM per shape
+// (measured on the H200, docs/fp8.md):
+//   M <= 8, or cuBLASLt's layout rules fail -> our own kernel (fp8_gemm.h:
+//     M = 1 included, which cuBLASLt rejects; up to 2.7 TB/s of weights);
+//   otherwise -> cuBLASLt block-scaled FP8 (its wgmma kernels: 0.9-1.1
+//     PFLOP/s at M = 4096 and 2.4-2.8 TB/s of weights at M = 64-128, where
+//     our mma.sync kernel, lowered to HMMA on sm_90, manages 0.2-0.5 TB/s).
 // The activations come from fp8_quant.h (scale_ld = fp8_act_scale_ld(M));
 // the weight scales are the checkpoint's {ceil(N/128), ceil(K/128)}.
 #include <cuda_bf16.h>
@@ -23,7 +25,7 @@ const char* fp8_gemm_path_name(Fp8GemmPath path);
 
 class Fp8Linear {
  public:
-  static constexpr int64_t kMaxOwnKernelRows = 128;
+  static constexpr int64_t kMaxOwnKernelRows = 8;
 
   static Fp8GemmPath path_for(int64_t m, int64_t n, int64_t k);
   // Workspace `run` needs for this shape (the own kernel's split-K sums;

@@ -9,6 +9,9 @@
 //   5. down: ONE grouped FP8 GEMM launch over the activated rows;
 //   6. combine: out[t] = sum_j w[t, j] * y[pos(t, j)] (+ addend, the shared
 //      experts' output), f32 sums.
+// NOTES: the grouped GEMM is fp8_gemm.h's kernel: near the bandwidth limit
+// while experts see <= 8 rows (decode), conversion-bound beyond (prefill;
+// docs/fp8.md has the numbers and what would fix it).
 // Expert weights are stacked at load time: gate_up {E, 2I, D} e4m3 (gate
 // rows then up rows) with scales {E, 2I/128, D/128}, down {E, D, I} with
 // scales {E, D/128, I/128}. D and I multiples of 128.
