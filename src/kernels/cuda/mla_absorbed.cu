@@ -16,7 +16,7 @@ constexpr int kBlockN = 32;         // latent rows per pipeline stage
 constexpr int kWarps = 4;
 constexpr int kLoadersPerRow = 4;  // threads copying one latent row
 constexpr int kMaxSplits = 64;
-constexpr int kMinRowsPerSplit = 128;  // below this a split is all latency
+constexpr int kMinRowsPerSplit = 64;  // below this a split is all latency
 
 // Which sequence token t belongs to, and the kv range it attends to.
 struct TokenRange {
@@ -119,7 +119,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) mla_absorbed_mma_kernel(MlaAbs
     __syncthreads();
 
     // S{16 heads, 8 rows} = Q · Kᵀ over all kD columns for this warp's rows.
-    float s[4] = {};
+    // NOTES: four independent accumulators: one accumulator would chain 36
+    // dependent mma.sync (~35 cycles each) per tile, the critical path of a
+    // decode block when the batch is small.
+    float s4[4][4] = {};
     const __nv_bfloat16* k_rows = kv_s + (buf * kBlockN + warp * 8) * kStride;
 #pragma unroll
     for (int k = 0; k < kD; k += 32) {
@@ -127,9 +130,12 @@ __global__ void __launch_bounds__(kWarps * 32, 2) mla_absorbed_mma_kernel(MlaAbs
       ldmatrix_x4(a0, q_s + (lane % 16) * kStride + k + (lane / 16) * 8);
       ldmatrix_x4(a1, q_s + (lane % 16) * kStride + k + 16 + (lane / 16) * 8);
       ldmatrix_x4(b, k_rows + (lane % 8) * kStride + k + (lane / 8) * 8);
-      mma_bf16_16816(s, a0, b[0], b[1]);
-      mma_bf16_16816(s, a1, b[2], b[3]);
+      mma_bf16_16816(s4[(k / 32) % 2 * 2], a0, b[0], b[1]);
+      mma_bf16_16816(s4[(k / 32) % 2 * 2 + 1], a1, b[2], b[3]);
     }
+    float s[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[e] = (s4[0][e] + s4[1][e]) + (s4[2][e] + s4[3][e]);
 
     // Online softmax in the log2 domain; the tile max spans all warps.
     const int col = tile_start + warp * 8 + c2;
