@@ -24,6 +24,8 @@ int32_t argmax(std::span<const float> v) {
 }
 
 void apply_penalties(std::vector<float>& logits, const SamplingParams& p, const TokenHistory& h) {
+  for (auto [id, _] : h.all_counts)
+    MLA_CHECK(id >= 0 && size_t(id) < logits.size(), "token id {} outside the vocabulary of {}", id, logits.size());
   if (p.repetition_penalty != 1.0f) {
     for (auto [id, _] : h.all_counts) {
       float& l = logits[size_t(id)];
@@ -68,12 +70,17 @@ SampledToken sample_token(std::span<const float> logits, const SamplingParams& p
                           Rng& rng) {
   const size_t vocab = logits.size();
   MLA_CHECK(vocab > 0, "sampling from an empty logits row");
-  for (auto [id, _] : history.all_counts)
-    MLA_CHECK(id >= 0 && size_t(id) < vocab, "token id {} outside the vocabulary of {}", id, vocab);
 
   SampledToken out;
-  std::vector<float> work(logits.begin(), logits.end());
-  apply_penalties(work, p, history);
+  // NOTES: a row is the whole vocabulary (129k floats); copy it only when
+  // penalties change it, so a greedy decode step costs one pass per row.
+  const bool penalized = p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
+  std::vector<float> penalized_logits;
+  if (penalized) {
+    penalized_logits.assign(logits.begin(), logits.end());
+    apply_penalties(penalized_logits, p, history);
+  }
+  std::span<const float> work = penalized ? std::span<const float>(penalized_logits) : logits;
 
   if (p.greedy()) {
     out.id = argmax(work);
