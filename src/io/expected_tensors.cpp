@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "core/error.h"
+
 namespace mlaserve {
 namespace {
 
@@ -37,6 +39,7 @@ void add_attention(ExpectedList& out, const std::string& p, const ModelConfig& c
   out.linear(p + "kv_b_proj.weight", H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
   out.linear(p + "o_proj.weight", D, H * c.v_head_dim);
   if (c.architecture == Architecture::DeepseekV32) {
+    MLA_CHECK(c.q_lora_rank.has_value(), "DeepseekV32 needs q_lora_rank: its indexer reads the q latent");
     const std::string ip = p + "indexer.";
     out.linear(ip + "wq_b.weight", int64_t(c.index_n_heads) * c.index_head_dim, *c.q_lora_rank);
     out.linear(ip + "wk.weight", c.index_head_dim, D);
