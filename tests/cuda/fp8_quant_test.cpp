@@ -100,7 +100,8 @@ TEST(Fp8Quant, RmsNormFusedWithAndWithoutResidual) {
     const DeviceQuantized d = fetch(dq, ds, ld, dim);
     std::vector<float> deq(rows * dim);
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t i = 0; i < dim; ++i) deq[r * dim + i] = fp8e4m3_to_f32(d.q[r * dim + i]) * d.scale[(i / 128) * ld + r];
+      for (int64_t i = 0; i < dim; ++i)
+        deq[r * dim + i] = fp8e4m3_to_f32(d.q[r * dim + i]) * d.scale[(i / 128) * ld + r];
     const double err = rel_l2(deq, exact);
     report_fp8(fused ? "rms_norm+add+quant" : "rms_norm+quant", "6 x 7168", err, kOneRoundingTol);
     EXPECT_LT(err, kOneRoundingTol);

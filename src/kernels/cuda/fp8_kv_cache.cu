@@ -52,7 +52,8 @@ __global__ void fp8_kv_load_kernel(Fp8KvLayout layout, const uint8_t* cache, con
 
 void check_layout(const Fp8KvLayout& l) {
   MLA_CUDA_REQUIRE(l.kv_lora_rank > 0 && l.kv_lora_rank % kFp8Group == 0 && l.rope_dim >= 0 && l.rope_dim % 8 == 0,
-                   "fp8 kv cache: kv_lora_rank " + std::to_string(l.kv_lora_rank) + " must be a multiple of 128 and rope_dim " +
+                   "fp8 kv cache: kv_lora_rank " + std::to_string(l.kv_lora_rank) +
+                       " must be a multiple of 128 and rope_dim " +
                        std::to_string(l.rope_dim) + " a multiple of 8");
 }
 

@@ -9,8 +9,11 @@ const char* fp8_gemm_path_name(Fp8GemmPath path) {
   return path == Fp8GemmPath::CublasLt ? "cublaslt" : "own";
 }
 
-Fp8GemmParams fp8_linear_params(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w,
-                                const float* w_scale, int64_t m, int64_t n, int64_t k, __nv_bfloat16* out) {
+namespace {
+
+// The own kernel's parameters for a plain linear.
+Fp8GemmParams linear_params(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w,
+                            const float* w_scale, int64_t m, int64_t n, int64_t k, __nv_bfloat16* out) {
   Fp8GemmParams p;
   p.a = x_q;
   p.a_row_stride = k;
@@ -28,6 +31,8 @@ Fp8GemmParams fp8_linear_params(const uint8_t* x_q, const float* x_scale, int64_
   return p;
 }
 
+}  // namespace
+
 Fp8GemmPath Fp8Linear::path_for(int64_t m, int64_t n, int64_t k) {
   return m > kMaxOwnKernelRows && Fp8CublasLtGemm::shape_allowed(m, n, k) ? Fp8GemmPath::CublasLt
                                                                           : Fp8GemmPath::OwnKernel;
@@ -35,14 +40,14 @@ Fp8GemmPath Fp8Linear::path_for(int64_t m, int64_t n, int64_t k) {
 
 size_t Fp8Linear::workspace_bytes(int64_t m, int64_t n, int64_t k) {
   if (m == 0) return 0;
-  return plan_fp8_gemm(fp8_linear_params(nullptr, nullptr, fp8_act_scale_ld(m), nullptr, nullptr, m, n, k, nullptr))
+  return plan_fp8_gemm(linear_params(nullptr, nullptr, fp8_act_scale_ld(m), nullptr, nullptr, m, n, k, nullptr))
       .workspace_bytes;
 }
 
 void Fp8Linear::run_own_kernel(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w,
                                const float* w_scale, int64_t m, int64_t n, int64_t k, __nv_bfloat16* out,
                                void* workspace, cudaStream_t stream) {
-  const Fp8GemmParams p = fp8_linear_params(x_q, x_scale, scale_ld, w, w_scale, m, n, k, out);
+  const Fp8GemmParams p = linear_params(x_q, x_scale, scale_ld, w, w_scale, m, n, k, out);
   run_fp8_gemm(p, plan_fp8_gemm(p), workspace, stream);
 }
 
@@ -58,7 +63,8 @@ Fp8GemmPath Fp8Linear::run(const uint8_t* x_q, const float* x_scale, int64_t sca
                            const float* w_scale, int64_t m, int64_t n, int64_t k, __nv_bfloat16* out,
                            void* workspace, cudaStream_t stream) {
   MLA_CUDA_REQUIRE(scale_ld >= m, "fp8 linear: scale_ld is smaller than the row count");
-  if (path_for(m, n, k) == Fp8GemmPath::CublasLt && run_cublaslt(x_q, x_scale, scale_ld, w, w_scale, m, n, k, out, stream))
+  if (path_for(m, n, k) == Fp8GemmPath::CublasLt &&
+      run_cublaslt(x_q, x_scale, scale_ld, w, w_scale, m, n, k, out, stream))
     return Fp8GemmPath::CublasLt;
   run_own_kernel(x_q, x_scale, scale_ld, w, w_scale, m, n, k, out, workspace, stream);
   return Fp8GemmPath::OwnKernel;

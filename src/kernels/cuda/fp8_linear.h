@@ -48,8 +48,4 @@ class Fp8Linear {
   Fp8CublasLtGemm lt_;
 };
 
-// The own kernel's parameters for a plain linear (exposed for the MLA BMMs).
-Fp8GemmParams fp8_linear_params(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w,
-                                const float* w_scale, int64_t m, int64_t n, int64_t k, __nv_bfloat16* out);
-
 }  // namespace mlaserve::cuda

@@ -132,7 +132,8 @@ void quantize_fp8_act(const __nv_bfloat16* x, int64_t rows, int64_t width, int64
                       float* scale, int64_t scale_ld, cudaStream_t stream) {
   check_shape("quantize_fp8_act", rows, width, scale_ld);
   MLA_CUDA_REQUIRE(x_row_stride >= width && x_row_stride % 8 == 0,
-                   "quantize_fp8_act: row stride " + std::to_string(x_row_stride) + " must be >= width and a multiple of 8");
+                   "quantize_fp8_act: row stride " + std::to_string(x_row_stride) +
+                       " must be >= width and a multiple of 8");
   if (scale_ld == 0) return;
   quantize_kernel<<<scale_ld, kThreads, 0, stream>>>(x, rows, width, x_row_stride, q, scale, scale_ld);
   check_launch("quantize_fp8_act");
