@@ -28,6 +28,7 @@
 #include "kernels/cuda/mla_expanded.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/random_fill.h"
+#include "kernels/cuda/skinny_gemm.h"
 
 namespace mlaserve::cuda {
 namespace {
@@ -110,6 +111,17 @@ void BM_GemmBf16(benchmark::State& state) {
   });
   report(state, s, double(m * k + n * k + m * n) * 2, 2.0 * m * n * k);
   if (m == 8192 && n == 8192 && k == 8192) g_gemm_tflops = 2.0 * m * n * k / s / 1e12;
+}
+
+// Decode-sized products: the skinny weight-streaming kernel vs cuBLASLt.
+void BM_SkinnyGemm(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  auto x = random_bf16(m * k, 1), w = random_bf16(n * k, 2);
+  DeviceBuffer out(m * n * 2);
+  const double s = run_timed(state, [&] {
+    skinny_gemm(x.get<__nv_bfloat16>(), w.get<__nv_bfloat16>(), m, n, k, out.get(), false, nullptr);
+  });
+  report(state, s, double(m * k + n * k + m * n) * 2, 2.0 * m * n * k);
 }
 
 // ---- MLA --------------------------------------------------------------------
@@ -279,6 +291,10 @@ using namespace mlaserve::cuda;
 
 BENCHMARK(BM_CopyBandwidth)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(20);
 BENCHMARK(BM_GemmBf16)->Args({8192, 8192, 8192})->Args({4096, 2048, 10944})->Args({1, 10944, 2048})
+    ->Args({1, 2816, 2048})->Args({1, 576, 2048})->Args({4, 2816, 2048})->Args({8, 2816, 2048})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
+BENCHMARK(BM_SkinnyGemm)->Args({1, 10944, 2048})->Args({1, 2816, 2048})->Args({1, 576, 2048})
+    ->Args({4, 2816, 2048})->Args({8, 2816, 2048})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_MlaDecode)
     ->ArgsProduct({{1, 32, 128}, {4096, 32768}, {0}})

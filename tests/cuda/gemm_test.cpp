@@ -1,5 +1,6 @@
 // cuBLASLt GEMMs (linear, f32-out linear, per-head batched) against f64 host products.
 #include "kernels/cuda/gemm_cublaslt.h"
+#include "kernels/cuda/skinny_gemm.h"
 
 #include <cstdio>
 
@@ -72,6 +73,48 @@ TEST(HeadBmm, ReadsTheFirstKOfEachHeadWithAndWithoutTransposedWeights) {
     std::printf("[rel_l2] head_bmm transpose=%d %.2e\n", int(transpose), err);
     EXPECT_LT(err, 1e-2);
   }
+}
+
+}  // namespace
+}  // namespace mlaserve::cuda::testing
+
+namespace mlaserve::cuda::testing {
+namespace {
+
+class Skinny : public ::testing::TestWithParam<LinearShape> {};
+
+TEST_P(Skinny, MatchesHostProduct) {
+  MLA_SKIP_WITHOUT_GPU();
+  const auto [m, n, k] = GetParam();
+  ASSERT_TRUE(skinny_gemm_applies(m, k));
+  std::mt19937 rng(m * 131 + k);
+  auto x = random_bf16(m * k, rng), w = random_bf16(n * k, rng);
+  std::vector<double> ref(m * n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t l = 0; l < k; ++l) acc += double(bf16_to_f32(x[i * k + l])) * bf16_to_f32(w[j * k + l]);
+      ref[i * n + j] = acc;
+    }
+  auto dx = upload(x), dw = upload(w);
+  auto dout = poisoned(m * n * 2), dout32 = poisoned(m * n * 4);
+  skinny_gemm(dx.get<__nv_bfloat16>(), dw.get<__nv_bfloat16>(), m, n, k, dout.get(), false, nullptr);
+  skinny_gemm(dx.get<__nv_bfloat16>(), dw.get<__nv_bfloat16>(), m, n, k, dout32.get(), true, nullptr);
+  const double err = rel_l2(to_float(download<uint16_t>(dout, m * n)), ref);
+  const double err32 = rel_l2(download<float>(dout32, m * n), ref);
+  std::printf("[rel_l2] skinny_gemm %lldx%lldx%lld bf16-out %.2e f32-out %.2e\n", (long long)m, (long long)n,
+              (long long)k, err, err32);
+  EXPECT_LT(err, 1e-2);
+  EXPECT_LT(err32, 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Skinny,
+                         ::testing::Values(LinearShape{1, 576, 2048}, LinearShape{3, 64, 1408},
+                                           LinearShape{8, 300, 40}, LinearShape{4, 2816, 2048}));
+
+TEST(Skinny, RejectsShapesItCannotRun) {
+  EXPECT_FALSE(skinny_gemm_applies(9, 64));
+  EXPECT_FALSE(skinny_gemm_applies(1, 36));
 }
 
 }  // namespace

@@ -15,10 +15,16 @@
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_router.h"
 #include "kernels/cuda/rope.h"
+#include "kernels/cuda/skinny_gemm.h"
 
 namespace mlaserve {
 namespace cuda {
 namespace {
+
+// Rows up to which linear() takes the skinny kernel, and the weight size
+// above which cuBLASLt keeps it (the lm_head).
+constexpr int64_t kSkinnyRowsUsed = 4;
+constexpr int64_t kSkinnyMaxWeightElems = int64_t(64) << 20;
 
 int64_t row_count(const Tensor& t) { return t.ndim() == 0 || t.dim(-1) == 0 ? 0 : t.numel() / t.dim(-1); }
 
@@ -281,13 +287,24 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor o
                  residual.defined() ? bf(residual, "rms_norm", "residual") : nullptr, stream_);
 }
 
+void CudaBackend::matmul(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t m, int64_t n, int64_t k, void* out,
+                         bool out_f32) {
+  // Decode-sized products stream the weights with the skinny kernel, except
+  // the huge lm_head, where cuBLASLt already runs at the copy bandwidth.
+  const bool aligned = (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 == 0;
+  if (aligned && m <= kSkinnyRowsUsed && skinny_gemm_applies(m, k) && n * k < kSkinnyMaxWeightElems) {
+    skinny_gemm(x, w, m, n, k, out, out_f32, stream_);
+  } else {
+    gemm_->linear(x, w, m, n, k, out, out_f32, stream_);
+  }
+}
+
 void CudaBackend::linear(const Tensor& x, const Weight& w, Tensor out) {
   const int64_t K = w.in_features(), N = w.out_features();
   MLA_CHECK(x.dim(-1) == K && out.dim(-1) == N && row_count(x) == row_count(out),
             "linear: x {} · W{}ᵀ does not fit out {}", shape_str(x.shape()), shape_str(w.w.shape()),
             shape_str(out.shape()));
-  gemm_->linear(bf(x, "linear", "x"), bf(w.w, "linear", "weight"), row_count(x), N, K, bf(out, "linear", "out"),
-                false, stream_);
+  matmul(bf(x, "linear", "x"), bf(w.w, "linear", "weight"), row_count(x), N, K, bf(out, "linear", "out"), false);
 }
 
 void CudaBackend::linear_f32_out(const Tensor& x, const Weight& w, Tensor out) {
@@ -296,8 +313,7 @@ void CudaBackend::linear_f32_out(const Tensor& x, const Weight& w, Tensor out) {
             "linear_f32_out: x {} · W{}ᵀ does not fit out {}", shape_str(x.shape()), shape_str(w.w.shape()),
             shape_str(out.shape()));
   check_dev(out, DType::F32, "linear_f32_out", "out");
-  gemm_->linear(bf(x, "linear_f32_out", "x"), bf(w.w, "linear_f32_out", "weight"), row_count(x), N, K, out.raw(),
-                true, stream_);
+  matmul(bf(x, "linear_f32_out", "x"), bf(w.w, "linear_f32_out", "weight"), row_count(x), N, K, out.raw(), true);
 }
 
 void CudaBackend::rope(Tensor x, int offset, const Tensor& positions, const Tensor& inv_freq, float cos_sin_scale) {

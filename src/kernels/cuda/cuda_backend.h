@@ -64,6 +64,9 @@ class CudaBackend final : public Backend {
   void use_static_batch_buffers(const StaticBatchBuffers* buffers) { static_batch_ = buffers; }
 
  private:
+  // out = x · wᵀ through the skinny kernel or cuBLASLt.
+  void matmul(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t m, int64_t n, int64_t k, void* out,
+              bool out_f32);
   // bf16 view of a weight-like tensor; f32 ones are converted once and cached.
   const __nv_bfloat16* as_bf16(const Tensor& t, const char* op);
   Tensor upload(const Tensor& host);
