@@ -190,42 +190,14 @@ void Engine::loop() {
       if (stopping_) break;
       commands.swap(inbox_);
     }
-    apply(commands);
-    auto batch = scheduler_.next_batch();
-    if (batch) {
-      std::unique_lock lk(mu_);
-      step_done_ = false;
-      step_batch_ = &batch->forward;
-      cv_.notify_all();
-      // While the step runs, take in new requests and aborts (aborts of
-      // requests in this batch take effect once it completes).
-      for (;;) {
-        cv_.wait(lk, [&] { return step_done_ || !inbox_.empty(); });
-        if (!inbox_.empty()) {
-          commands.swap(inbox_);
-          lk.unlock();
-          apply(commands);
-          lk.lock();
-          continue;
-        }
-        break;
-      }
-      Tensor logits = std::move(step_logits_);
-      std::exception_ptr error = step_error_;
-      lk.unlock();
-      if (error) {
-        std::string what = "model step failed";
-        try {
-          std::rethrow_exception(error);
-        } catch (const std::exception& e) {
-          what += std::string(": ") + e.what();
-        }
-        spdlog::error("{}; aborting the {} requests of the batch", what, batch->entries.size());
-        for (auto& e : batch->entries) scheduler_.abort(e.request->id, what);
-      } else {
-        scheduler_.process(*batch, logits);
-      }
-      if (config_.check_invariants) scheduler_.check_invariants();
+    try {
+      apply(commands);
+      step(commands);
+    } catch (const std::exception& e) {
+      // A bookkeeping error must not take the process down with it: fail the
+      // requests (their clients get an error), keep serving new ones.
+      spdlog::error("engine: {}; aborting all requests", e.what());
+      scheduler_.abort_all(std::string("engine error: ") + e.what());
     }
     publish();
   }
@@ -239,6 +211,47 @@ void Engine::loop() {
     if (c.add) scheduler_.add(std::move(c.add));
   scheduler_.abort_all("the engine shut down");
   publish();
+}
+
+void Engine::step(std::vector<Command>& commands) {
+  auto batch = scheduler_.next_batch();
+  if (!batch) return;
+  {
+    std::unique_lock lk(mu_);
+    step_done_ = false;
+    step_batch_ = &batch->forward;
+    cv_.notify_all();
+    // While the step runs, take in new requests and aborts (aborts of
+    // requests in this batch take effect once it completes). Nothing here may
+    // throw past this loop: the step thread is reading `batch`.
+    for (;;) {
+      cv_.wait(lk, [&] { return step_done_ || !inbox_.empty(); });
+      if (step_done_) break;
+      commands.swap(inbox_);
+      lk.unlock();
+      try {
+        apply(commands);
+      } catch (const std::exception& e) {
+        spdlog::error("engine: {} (while a step was running)", e.what());
+      }
+      lk.lock();
+    }
+  }
+  Tensor logits = std::move(step_logits_);
+  std::exception_ptr error = step_error_;
+  if (error) {
+    std::string what = "model step failed";
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      what += std::string(": ") + e.what();
+    }
+    spdlog::error("{}; aborting the {} requests of the batch", what, batch->entries.size());
+    for (auto& e : batch->entries) scheduler_.abort(e.request->id, what);
+  } else {
+    scheduler_.process(*batch, logits);
+  }
+  if (config_.check_invariants) scheduler_.check_invariants();
 }
 
 }  // namespace mlaserve::runtime

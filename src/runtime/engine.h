@@ -86,6 +86,9 @@ class Engine {
   };
   void loop();
   void apply(std::vector<Command>& commands);
+  // One scheduled batch: run it on the step thread, taking in commands
+  // meanwhile, then process its logits.
+  void step(std::vector<Command>& commands);
   void step_thread();
   // Makes the scheduler's state visible to other threads: stats, and the
   // in-flight count drain() waits on (only once the stats show them done).

@@ -212,7 +212,7 @@ bool Scheduler::admit(Request& r, int& budget, int reserved_pages) {
   // never starved by the reserve it would only need for later steps.
   int own_reserve = pages_for_tokens(int64_t(r.params.max_new_tokens * new_token_ratio_), config_.page_size);
   bool fits = running_.empty() ? need <= available : need + reserved_pages + own_reserve <= available;
-  if (fits && allocator_.num_free() < need) radix_->evict(need - allocator_.num_free());
+  if (fits && radix_ && allocator_.num_free() < need) radix_->evict(need - allocator_.num_free());
   auto fresh = fits ? allocator_.alloc(need) : std::nullopt;
   if (!fresh) {
     if (radix_) radix_->unlock(m.node);

@@ -125,3 +125,30 @@ TEST(Engine, MaxTokensClippedToTheContext) {
   EXPECT_EQ(results[0].output_ids.size(), 12u);
   EXPECT_EQ(results[0].final_output.finish, FinishReason::Length);
 }
+
+namespace {
+
+// Throws on any batch holding token 13, as a model step that fails would.
+class PoisonedModel : public FakeModel {
+ public:
+  using FakeModel::FakeModel;
+  Tensor forward(const ForwardBatch& b) override {
+    for (int32_t id : b.input_ids)
+      if (id == 13) throw Error("poisoned batch");
+    return FakeModel::forward(b);
+  }
+};
+
+}  // namespace
+
+TEST(Engine, AFailedStepAbortsItsRequestsAndServingGoesOn) {
+  auto c = small_config();
+  Engine engine(std::make_unique<PoisonedModel>(c.scheduler.num_pages * c.scheduler.page_size, kVocab), c);
+  auto bad = engine.generate({greedy({1, 13, 2}, 5)});
+  EXPECT_EQ(bad[0].final_output.finish, FinishReason::Abort);
+  EXPECT_NE(bad[0].final_output.abort_message.find("poisoned batch"), std::string::npos);
+  auto good = engine.generate({greedy({1, 2, 3}, 5)});
+  EXPECT_EQ(good[0].output_ids, expected_continuation({1, 2, 3}, 5, kVocab));
+  auto s = engine.stats();
+  EXPECT_EQ(s.free_pages + s.evictable_pages, s.total_pages);
+}
