@@ -66,6 +66,18 @@ std::vector<PlannedShard> plan_shards(const ModelConfig& c, uint64_t max_shard_b
   return shards;
 }
 
+// model.safetensors or model-NNNNN-of-NNNNN.safetensors
+bool is_checkpoint_shard_name(const std::string& f) {
+  if (f == "model.safetensors") return true;
+  if (f.size() != 32 || !f.starts_with("model-") || f.substr(11, 4) != "-of-" || !f.ends_with(".safetensors")) {
+    return false;
+  }
+  auto digits = [&](size_t at) {
+    return std::all_of(f.begin() + long(at), f.begin() + long(at) + 5, [](char ch) { return ch >= '0' && ch <= '9'; });
+  };
+  return digits(6) && digits(15);
+}
+
 uint64_t stream_seed(uint64_t tensor_seed, int64_t block) {
   uint64_t st = tensor_seed ^ (uint64_t(block) * 0xd1b54a32d192ed03ull);
   return splitmix64(st);
@@ -171,8 +183,12 @@ ModelConfig make_model_config(const MakeModelOptions& o) {
 void write_random_checkpoint(const ModelConfig& c, const std::filesystem::path& out_dir, uint64_t seed,
                              uint64_t max_shard_bytes) {
   std::filesystem::create_directories(out_dir);
-  // A stale config.json would make a half-written directory look complete.
+  // A stale config.json would make a half-written directory look complete,
+  // and shards of an earlier, differently sharded model would linger.
   std::filesystem::remove(out_dir / "config.json");
+  for (const auto& entry : std::filesystem::directory_iterator(out_dir)) {
+    if (is_checkpoint_shard_name(entry.path().filename().string())) std::filesystem::remove(entry.path());
+  }
 
   std::vector<PlannedShard> shards = plan_shards(c, max_shard_bytes);
   uint64_t total = 0;

@@ -197,6 +197,22 @@ TEST_F(MakeModelTest, ShardsStayUnderTheLimit) {
   for (const fs::path& p : ck.shard_paths()) EXPECT_LE(fs::file_size(p), 10'000'000u + 100'000u) << p;
 }
 
+TEST_F(MakeModelTest, RewritingRemovesStaleShards) {
+  MakeModelOptions o;
+  o.layers = 1;
+  o.max_shard_bytes = 10'000'000;
+  fs::path dir = make("m", o);
+  ASSERT_TRUE(fs::exists(dir / "model-00002-of-00004.safetensors"));
+  std::ofstream(dir / "notes.txt") << "kept";
+  o.max_shard_bytes = 5'000'000'000;
+  write_random_checkpoint(make_model_config(o), dir, o.seed, o.max_shard_bytes);
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir)) files.push_back(e.path().filename().string());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"config.json", "generation_config.json", "model-00001-of-00001.safetensors",
+                                             "model.safetensors.index.json", "notes.txt"}));
+}
+
 TEST_F(MakeModelTest, WeightStatistics) {
   MakeModelOptions o;
   o.layers = 1;
