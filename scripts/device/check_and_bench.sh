@@ -20,7 +20,7 @@ CKPT=${CKPT:-/tmp/v2lite}
 summary=()
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/device.txt"
-echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)  date: $(date -u +%F)" | tee -a "$OUT/device.txt"
+echo "commit: ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}  date: $(date -u +%F)" | tee -a "$OUT/device.txt"
 
 for step in "${steps[@]}"; do
   case $step in
