@@ -10,6 +10,9 @@ namespace mlaserve {
 DeepseekModel::DeepseekModel(const Checkpoint& ckpt, Backend& backend, ModelOptions options)
     : config_(ckpt.config()), backend_(backend), options_(options) {
   ckpt.validate_against_config();
+  // Fault the mapped shards in once, with progress (bytes, rate, time left),
+  // so a multi-GB load is visible and the uploads below read from page cache.
+  ckpt.prefetch();
   const ModelConfig& c = config_;
   const RopeTable rope = make_rope_table(c);
   Tensor inv_freq = Tensor::empty({int64_t(rope.inv_freq.size())}, DType::F32);
