@@ -82,8 +82,15 @@ bool Engine::flush_cache() {
 }
 
 bool Engine::drain(std::chrono::milliseconds timeout) {
+  {
+    std::lock_guard lk(mu_);
+    draining_ = true;
+  }
+  return wait_idle(timeout);
+}
+
+bool Engine::wait_idle(std::chrono::milliseconds timeout) {
   std::unique_lock lk(mu_);
-  draining_ = true;
   return cv_.wait_for(lk, timeout, [&] { return in_flight_ == 0; });
 }
 

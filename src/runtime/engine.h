@@ -70,6 +70,9 @@ class Engine {
   // Stops taking requests, waits up to `timeout` for in-flight ones to
   // finish; true when everything finished.
   bool drain(std::chrono::milliseconds timeout);
+  // Waits up to `timeout` until every submitted request has finished and
+  // the stats show it (without refusing new ones); true when idle.
+  bool wait_idle(std::chrono::milliseconds timeout);
 
   SchedulerStats stats() const;
   // Submitted requests whose final output has not been delivered yet.

@@ -87,6 +87,7 @@ TEST(Engine, ConcurrentSubmittersAndAborts) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(finished + aborted, 40);
   EXPECT_GE(aborted, 1);
+  EXPECT_TRUE(engine->wait_idle(std::chrono::seconds(5)));
   auto s = engine->stats();
   EXPECT_EQ(s.free_pages + s.evictable_pages, s.total_pages);
 }
@@ -149,6 +150,7 @@ TEST(Engine, AFailedStepAbortsItsRequestsAndServingGoesOn) {
   EXPECT_NE(bad[0].final_output.abort_message.find("poisoned batch"), std::string::npos);
   auto good = engine.generate({greedy({1, 2, 3}, 5)});
   EXPECT_EQ(good[0].output_ids, expected_continuation({1, 2, 3}, 5, kVocab));
+  EXPECT_TRUE(engine.wait_idle(std::chrono::seconds(5)));
   auto s = engine.stats();
   EXPECT_EQ(s.free_pages + s.evictable_pages, s.total_pages);
 }
