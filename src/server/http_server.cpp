@@ -131,8 +131,26 @@ class Session : public HttpResponder, public std::enable_shared_from_this<Sessio
       beast::error_code cancel_ec;
       self->stream_.socket().cancel(cancel_ec);
     });
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+    http::async_read_header(stream_, buffer_, *parser_,
+                            [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+  }
+
+  // curl and others send `Expect: 100-continue` before a large body and wait
+  // for the interim response; answer it, then read the body.
+  void on_header(beast::error_code ec) {
+    if (ec) return on_read(ec);
+    auto read_body = [self = shared_from_this()] {
+      http::async_read(self->stream_, self->buffer_, *self->parser_,
+                       [self](beast::error_code ec, size_t) { self->on_read(ec); });
+    };
+    if (beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
+      static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      net::async_write(stream_, net::buffer(kContinue), [read_body](beast::error_code ec, size_t) {
+        if (!ec) read_body();
+      });
+      return;
+    }
+    read_body();
   }
 
   void on_read(beast::error_code ec) {

@@ -124,6 +124,24 @@ def main():
         raw = raw_exchange(s.port, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n")
         assert status_of(raw) == 431, raw[:200]
 
+    def expect_100_continue():
+        body = json.dumps(comp(temperature=0)).encode()
+        sock = socket.create_connection(("127.0.0.1", s.port))
+        sock.settimeout(5)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nConnection: close\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+        interim = sock.recv(100)
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n", interim
+        sock.sendall(body)
+        got = b""
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        sock.close()
+        assert status_of(got) == 200 and b'"text_completion"' in got, got[:300]
+
     def slow_loris_headers():
         sock = socket.create_connection(("127.0.0.1", s.port))
         sock.settimeout(5)
@@ -198,6 +216,7 @@ def main():
         assert s.proc.poll() is None, "server died"
 
     for name, fn in [("garbage_request_line", garbage_request_line), ("oversized_headers", oversized_headers),
+                     ("expect_100_continue", expect_100_continue),
                      ("slow_loris_headers", slow_loris_headers), ("slow_loris_body", slow_loris_body),
                      ("disconnects_mid_stream", disconnects_mid_stream),
                      ("disconnect_before_response", disconnect_before_response),
