@@ -316,8 +316,9 @@ size_t mma_smem_bytes() {
 int mla_absorbed_num_splits(int num_tokens, int num_heads, int sm_count, int max_kv_len) {
   // Two blocks fit an SM. Pick the split count whose grid fills the last wave
   // best (a grid of 1.45 waves idles a quarter of the GPU in its tail),
-  // preferring fewer splits on ties (less merge traffic), and never splits
-  // shorter than kMinRowsPerSplit rows.
+  // preferring fewer splits unless more are 5% better (less merge traffic),
+  // and never splits shorter than kMinRowsPerSplit rows. (The margin is
+  // relative: an absolute one kept a one-token batch at one split below 13.)
   const int slots = 2 * sm_count;
   const int blocks = std::max(1, num_tokens * ((num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
   const int limit = std::clamp(max_kv_len / kMinRowsPerSplit, 1, kMaxSplits);
@@ -327,7 +328,7 @@ int mla_absorbed_num_splits(int num_tokens, int num_heads, int sm_count, int max
     const int total = blocks * s, waves = (total + slots - 1) / slots;
     // Efficiency of the waves, discounted for a grid under one wave.
     const double eff = double(total) / (double(waves) * slots);
-    if (eff > best_eff + 0.05) {
+    if (eff > best_eff * 1.05) {
       best_eff = eff;
       best = s;
     }
