@@ -135,6 +135,27 @@ void Scheduler::release_kv(Request& r) {
   r.locked_pages = 0;
 }
 
+void Scheduler::cache_prefix(Request& r) {
+  if (!radix_) return;
+  const int ps = config_.page_size;
+  const int full = std::min(r.kv_len / ps, int(r.pages.size()));
+  if (full <= r.locked_pages) return;
+  auto tokens = std::span(r.tokens).first(size_t(full) * ps);
+  const int existed_pages = radix_->insert(tokens, std::span(r.pages).first(full)) / ps;
+  MLA_CHECK(existed_pages >= r.locked_pages, "request {}: its cached prefix vanished from the radix tree", r.id);
+  // Where the tree already had these tokens (another request computed them
+  // meanwhile), its pages win and ours are freed.
+  allocator_.free(std::span(r.pages).subspan(r.locked_pages, existed_pages - r.locked_pages));
+  auto m = radix_->match_prefix(tokens);
+  MLA_CHECK(int(m.pages.size()) == full, "request {}: radix tree holds {} of {} just-inserted pages", r.id,
+            m.pages.size(), full);
+  std::copy(m.pages.begin(), m.pages.end(), r.pages.begin());
+  radix_->lock(m.node);
+  if (r.locked_node) radix_->unlock(r.locked_node);
+  r.locked_node = m.node;
+  r.locked_pages = full;
+}
+
 void Scheduler::finish(Request& r, FinishReason reason, RequestOutput&& out) {
   out.id = r.id;
   out.finish = reason;
@@ -337,6 +358,7 @@ void Scheduler::process(const ScheduledBatch& b, const Tensor& logits) {
   for (const auto& e : b.entries) {
     Request& r = *e.request;
     r.kv_len += e.num_tokens;
+    if (e.num_tokens > 1 && !r.aborted) cache_prefix(r);
     if (e.logit_row < 0 || r.aborted) continue;
     std::span<const float> row(logits.data<float>() + e.logit_row * vocab, size_t(vocab));
     SampledToken s = sample_token(row, r.params, r.history, *r.rng);

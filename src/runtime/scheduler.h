@@ -104,6 +104,10 @@ class Scheduler {
   bool make_room(int pages, const Request* keep);
   void retract(Request& r);
   void release_kv(Request& r);
+  // After a prefill chunk: the computed whole pages join the radix tree at
+  // once (locked by the request), so requests arriving while this one still
+  // runs reuse its prefix (SGLang's cache_unfinished_req).
+  void cache_prefix(Request& r);
   void finish(Request& r, FinishReason reason, RequestOutput&& out);
   int decode_reserve_pages(const Request& r) const;
   void sort_waiting();

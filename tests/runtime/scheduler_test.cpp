@@ -248,3 +248,27 @@ TEST(Scheduler, SingleSequenceLargerThanThePoolEndsWithLength) {
   EXPECT_EQ(h.tokens(id).size(), 7u);  // 10 rows hold 4 prompt + 6 computed outputs, the 7th is sampled last
   EXPECT_EQ(h.tokens(id), expected_continuation({1, 2, 3, 4}, 7, kVocab));
 }
+
+TEST(Scheduler, RunningRequestsShareTheirPrefillWithLaterArrivals) {
+  SchedulerConfig c;
+  c.page_size = 4;
+  c.num_pages = 128;
+  c.chunked_prefill_size = 16;
+  Harness h(c);
+  std::mt19937 rng(4);
+  auto prefix = random_prompt(rng, {}, 40);
+  auto first_prompt = random_prompt(rng, prefix, 2);
+  uint64_t first = h.add(first_prompt, greedy(30));
+  for (int i = 0; i < 4; ++i) {  // 42 prompt tokens: three chunks of 16, 16 and 10
+    auto b = h.sched.next_batch();
+    h.sched.process(*b, h.model.forward(b->forward));
+    h.sched.check_invariants();
+  }
+  ASSERT_TRUE(h.outputs[first].empty() || !h.last(first).finished());
+  auto second_prompt = random_prompt(rng, prefix, 3);
+  uint64_t second = h.add(second_prompt, greedy(5));
+  h.run();
+  EXPECT_EQ(h.last(second).cached_tokens, 40);  // ten whole pages of the shared prefix
+  EXPECT_EQ(h.tokens(first), expected_continuation(first_prompt, 30, kVocab));
+  EXPECT_EQ(h.tokens(second), expected_continuation(second_prompt, 5, kVocab));
+}
