@@ -190,24 +190,45 @@ void Engine::step_thread() {
 
 void Engine::loop() {
   std::vector<Command> commands;
+  std::unique_ptr<ScheduledBatch> in_flight;  // launched on the step thread
   for (;;) {
     {
       std::unique_lock lk(mu_);
-      cv_.wait(lk, [&] { return stopping_ || !inbox_.empty() || scheduler_.has_work(); });
+      cv_.wait(lk, [&] { return stopping_ || !inbox_.empty() || scheduler_.has_work() || in_flight; });
       if (stopping_) break;
       commands.swap(inbox_);
     }
     try {
       apply(commands);
-      step(commands);
+      if (!in_flight) in_flight = launch(scheduler_.next_batch());
+      if (in_flight) {
+        std::exception_ptr error = wait_for_step(commands);
+        std::unique_ptr<ScheduledBatch> done = std::move(in_flight);
+        if (error) {
+          fail_batch(*done, error);
+        } else {
+          // Overlap: step N+1 is built from N's sampled tokens and launched
+          // before N's tokens are detokenized, matched and reported.
+          Scheduler::SampledStep sampled = scheduler_.sample(*done, step_logits_);
+          step_logits_ = Tensor();
+          in_flight = launch(scheduler_.next_batch());
+          scheduler_.postprocess(sampled);
+        }
+        if (config_.check_invariants) scheduler_.check_invariants();
+      }
     } catch (const std::exception& e) {
       // A bookkeeping error must not take the process down with it: fail the
       // requests (their clients get an error), keep serving new ones.
       spdlog::error("engine: {}; aborting all requests", e.what());
+      if (in_flight) {
+        wait_for_step(commands);  // the step thread still reads its batch
+        in_flight.reset();
+      }
       scheduler_.abort_all(std::string("engine error: ") + e.what());
     }
     publish();
   }
+  if (in_flight) wait_for_step(commands);
   {
     std::lock_guard lk(mu_);
     for (auto& c : inbox_)
@@ -220,45 +241,45 @@ void Engine::loop() {
   publish();
 }
 
-void Engine::step(std::vector<Command>& commands) {
-  auto batch = scheduler_.next_batch();
-  if (!batch) return;
-  {
-    std::unique_lock lk(mu_);
-    step_done_ = false;
-    step_batch_ = &batch->forward;
-    cv_.notify_all();
-    // While the step runs, take in new requests and aborts (aborts of
-    // requests in this batch take effect once it completes). Nothing here may
-    // throw past this loop: the step thread is reading `batch`.
-    for (;;) {
-      cv_.wait(lk, [&] { return step_done_ || !inbox_.empty(); });
-      if (step_done_) break;
-      commands.swap(inbox_);
-      lk.unlock();
-      try {
-        apply(commands);
-      } catch (const std::exception& e) {
-        spdlog::error("engine: {} (while a step was running)", e.what());
-      }
-      lk.lock();
-    }
-  }
-  Tensor logits = std::move(step_logits_);
-  std::exception_ptr error = step_error_;
-  if (error) {
-    std::string what = "model step failed";
+std::unique_ptr<ScheduledBatch> Engine::launch(std::optional<ScheduledBatch> batch) {
+  if (!batch) return nullptr;
+  auto owned = std::make_unique<ScheduledBatch>(std::move(*batch));  // stable address for the step thread
+  std::lock_guard lk(mu_);
+  step_done_ = false;
+  step_batch_ = &owned->forward;
+  cv_.notify_all();
+  return owned;
+}
+
+std::exception_ptr Engine::wait_for_step(std::vector<Command>& commands) {
+  std::unique_lock lk(mu_);
+  // While the step runs, take in new requests and aborts (aborts of requests
+  // in this batch take effect once it completes). Nothing here may throw:
+  // the step thread is reading the batch.
+  for (;;) {
+    cv_.wait(lk, [&] { return step_done_ || (!inbox_.empty() && !stopping_); });
+    if (step_done_) break;
+    commands.swap(inbox_);
+    lk.unlock();
     try {
-      std::rethrow_exception(error);
+      apply(commands);
     } catch (const std::exception& e) {
-      what += std::string(": ") + e.what();
+      spdlog::error("engine: {} (while a step was running)", e.what());
     }
-    spdlog::error("{}; aborting the {} requests of the batch", what, batch->entries.size());
-    for (auto& e : batch->entries) scheduler_.abort(e.request->id, what);
-  } else {
-    scheduler_.process(*batch, logits);
+    lk.lock();
   }
-  if (config_.check_invariants) scheduler_.check_invariants();
+  return step_error_;
+}
+
+void Engine::fail_batch(const ScheduledBatch& batch, std::exception_ptr error) {
+  std::string what = "model step failed";
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    what += std::string(": ") + e.what();
+  }
+  spdlog::error("{}; aborting the {} requests of the batch", what, batch.entries.size());
+  for (auto& e : batch.entries) scheduler_.abort(e.request->id, what);
 }
 
 }  // namespace mlaserve::runtime

@@ -3,10 +3,11 @@
 // drives the model; callers submit requests from any thread and get
 // streaming callbacks (on the engine thread) as tokens are produced.
 //
-// Overlap seam: the model step runs on its own step thread. While step N
-// runs, the engine thread takes in new requests and aborts, so the work for
-// step N+1 is queued and ready the moment N's logits are processed. On CPU
-// the forward dominates; on CUDA the same structure keeps the GPU fed.
+// Overlap: the model step runs on its own step thread. When step N's logits
+// arrive, the engine thread samples them, builds and launches step N+1, and
+// only then detokenizes, matches stop strings and reports N's tokens, while
+// N+1 runs (a request ended by a stop string is dropped from N+1's results).
+// While a step runs the engine thread also takes in new requests and aborts.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -89,9 +90,11 @@ class Engine {
   };
   void loop();
   void apply(std::vector<Command>& commands);
-  // One scheduled batch: run it on the step thread, taking in commands
-  // meanwhile, then process its logits.
-  void step(std::vector<Command>& commands);
+  // Hands a batch to the step thread (nothing when there is none).
+  std::unique_ptr<ScheduledBatch> launch(std::optional<ScheduledBatch> batch);
+  // Until the launched step is done, taking in commands meanwhile; its error.
+  std::exception_ptr wait_for_step(std::vector<Command>& commands);
+  void fail_batch(const ScheduledBatch& batch, std::exception_ptr error);
   void step_thread();
   // Makes the scheduler's state visible to other threads: stats, and the
   // in-flight count drain() waits on (only once the stats show them done).

@@ -60,6 +60,11 @@ struct Request {
 
   bool aborted = false;
   std::string abort_message;
+  // Overlapped steps: a sampled token waits for postprocessing (detokenize,
+  // stop strings, report) while the next step already runs.
+  bool awaiting_postprocess = false;
+  FinishReason finish_after_postprocess = FinishReason::None;  // decided while its token waited
+  bool final_reported = false;  // its last output went out; the scheduler only has to drop it
   int num_retractions = 0;
   int num_output() const { return int(tokens.size()) - prompt_len; }
   // Tokens still to run through the model before the next sample.

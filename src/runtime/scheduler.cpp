@@ -71,7 +71,7 @@ void Scheduler::abort(uint64_t id, const std::string& message) {
       auto r = std::move(*it);
       waiting_.erase(it);
       r->abort_message = message;
-      finish(*r, FinishReason::Abort, RequestOutput{});
+      if (!r->final_reported) finish(*r, FinishReason::Abort, RequestOutput{});
       return;
     }
   }
@@ -101,8 +101,10 @@ void Scheduler::release_aborted() {
     auto r = std::move(running_[i]);
     running_.erase(running_.begin() + long(i));
     release_kv(*r);
-    finish(*r, FinishReason::Abort, RequestOutput{});
+    if (!r->final_reported) finish(*r, FinishReason::Abort, RequestOutput{});
   }
+  // Retracted, then ended by a stop string while its token was postprocessed.
+  std::erase_if(waiting_, [](const std::unique_ptr<Request>& r) { return r->aborted && r->final_reported; });
 }
 
 std::unique_ptr<Request> Scheduler::take_running(const Request& r) {
@@ -304,10 +306,15 @@ std::optional<ScheduledBatch> Scheduler::build_batch() {
           // Alone and still out of pages: the pool cannot hold this sequence.
           auto owned = take_running(r);
           release_kv(*owned);
-          RequestOutput out;
-          if (owned->detokenizer) out.text = owned->stop_matcher->push(owned->detokenizer->flush()).text;
-          out.text += owned->stop_matcher->flush();
-          finish(*owned, FinishReason::Length, std::move(out));
+          if (owned->awaiting_postprocess) {
+            owned->finish_after_postprocess = FinishReason::Length;  // reported with its last token
+          } else {
+            RequestOutput out;
+            if (owned->detokenizer) out.text = owned->stop_matcher->push(owned->detokenizer->flush()).text;
+            out.text += owned->stop_matcher->flush();
+            finish(*owned, FinishReason::Length, std::move(out));
+          }
+          retired_.push_back(std::move(owned));
           break;
         }
         retract(r);  // it was the youngest
@@ -350,42 +357,60 @@ std::optional<ScheduledBatch> Scheduler::build_batch() {
   return b;
 }
 
-void Scheduler::process(const ScheduledBatch& b, const Tensor& logits) {
+Scheduler::SampledStep Scheduler::sample(const ScheduledBatch& b, const Tensor& logits) {
+  retired_.clear();  // the previous step's postprocessing is done
   const int64_t vocab = logits.defined() && logits.ndim() == 2 ? logits.dim(1) : 0;
   MLA_CHECK(b.forward.logit_rows.empty() || (logits.dtype() == mlaserve::DType::F32 &&
                                               logits.dim(0) == int64_t(b.forward.logit_rows.size())),
             "model returned logits {} for {} rows", shape_str(logits.shape()), b.forward.logit_rows.size());
+  SampledStep step;
   for (const auto& e : b.entries) {
     Request& r = *e.request;
     r.kv_len += e.num_tokens;
     if (e.num_tokens > 1 && !r.aborted) cache_prefix(r);
     if (e.logit_row < 0 || r.aborted) continue;
     std::span<const float> row(logits.data<float>() + e.logit_row * vocab, size_t(vocab));
-    SampledToken s = sample_token(row, r.params, r.history, *r.rng);
-    r.tokens.push_back(s.id);
-    r.history.add_output(s.id);
+    SampledStep::Item it{&r, sample_token(row, r.params, r.history, *r.rng)};
+    const int32_t id = it.token.id;
+    r.tokens.push_back(id);
+    r.history.add_output(id);
     totals_.generated_tokens++;
+    it.stop_token = (!r.params.ignore_eos && contains(config_.eos_token_ids, id)) || contains(r.params.stop_token_ids, id);
+    if (it.stop_token) {
+      it.reason = FinishReason::Stop;
+    } else if (r.num_output() >= r.params.max_new_tokens || int(r.tokens.size()) >= config_.context_length) {
+      it.reason = FinishReason::Length;
+    }
+    r.awaiting_postprocess = true;
+    if (it.reason != FinishReason::None) {
+      auto owned = take_running(r);
+      release_kv(*owned);
+      retired_.push_back(std::move(owned));
+    }
+    step.items.push_back(std::move(it));
+  }
+  return step;
+}
 
+void Scheduler::postprocess(SampledStep& step) {
+  for (auto& it : step.items) {
+    Request& r = *it.request;
+    r.awaiting_postprocess = false;
     RequestOutput out;
-    out.token_ids = {s.id};
-    if (r.params.logprobs || r.params.top_logprobs > 0) out.logprobs.push_back(s);
-    FinishReason reason = FinishReason::None;
-    bool stop_token = (!r.params.ignore_eos && contains(config_.eos_token_ids, s.id)) ||
-                      contains(r.params.stop_token_ids, s.id);
-    if (stop_token) {
-      reason = FinishReason::Stop;
-      out.matched_stop_token = s.id;
+    out.token_ids = {it.token.id};
+    if (r.params.logprobs || r.params.top_logprobs > 0) out.logprobs.push_back(it.token);
+    FinishReason reason = it.reason;
+    if (it.stop_token) {
+      out.matched_stop_token = it.token.id;
     } else if (r.detokenizer) {
-      auto res = r.stop_matcher->push(r.detokenizer->push(s.id));
+      auto res = r.stop_matcher->push(r.detokenizer->push(it.token.id));
       out.text = std::move(res.text);
       if (res.stopped) {
         reason = FinishReason::Stop;
         out.matched_stop_string = res.matched;
       }
     }
-    if (reason == FinishReason::None &&
-        (r.num_output() >= r.params.max_new_tokens || int(r.tokens.size()) >= config_.context_length))
-      reason = FinishReason::Length;
+    if (reason == FinishReason::None) reason = r.finish_after_postprocess;
     if (reason == FinishReason::None) {
       r.on_output(std::move(out));
       continue;
@@ -396,10 +421,17 @@ void Scheduler::process(const ScheduledBatch& b, const Tensor& logits) {
       if (r.detokenizer) out.text += r.stop_matcher->push(r.detokenizer->flush()).text;
       out.text += r.stop_matcher->flush();
     }
-    auto owned = take_running(r);
-    release_kv(*owned);
-    finish(*owned, reason, std::move(out));
+    finish(r, reason, std::move(out));
+    r.final_reported = true;
+    // Ended by its text while it may already sit in the next step or the
+    // queue: dropped (not reported again) before it is sampled again.
+    if (it.reason == FinishReason::None && r.finish_after_postprocess == FinishReason::None) r.aborted = true;
   }
+}
+
+void Scheduler::process(const ScheduledBatch& b, const Tensor& logits) {
+  SampledStep step = sample(b, logits);
+  postprocess(step);
 }
 
 bool Scheduler::flush_cache() { return !radix_ || radix_->reset(); }

@@ -86,8 +86,26 @@ class Scheduler {
   size_t num_running() const { return running_.size(); }
 
   std::optional<ScheduledBatch> next_batch();
-  // Consumes the step's logits {logit rows, vocab} on the host: samples,
-  // detokenizes, checks stops, reports, and frees finished requests.
+
+  // A step's sampled tokens, between sample() and postprocess().
+  struct SampledStep {
+    struct Item {
+      Request* request;
+      SampledToken token;
+      FinishReason reason = FinishReason::None;  // decided without the text: EOS, stop ids, length
+      bool stop_token = false;
+    };
+    std::vector<Item> items;
+  };
+  // Consumes the step's logits {logit rows, vocab} on the host: samples each
+  // request's next token and ends those that finish by token or length (their
+  // pages are freed at once), so next_batch() can build the following step.
+  SampledStep sample(const ScheduledBatch& batch, const Tensor& logits);
+  // Detokenizes, matches stop strings and reports; meant to run while the
+  // next step is already on the device (overlap). A stop string found here
+  // ends its request before its next step is sampled.
+  void postprocess(SampledStep& step);
+  // Both, for callers that do not overlap.
   void process(const ScheduledBatch& batch, const Tensor& logits);
 
   bool flush_cache();  // false while requests hold cached pages
@@ -119,6 +137,8 @@ class Scheduler {
   std::unique_ptr<RadixCache> radix_;
   std::deque<std::unique_ptr<Request>> waiting_;
   std::vector<std::unique_ptr<Request>> running_;  // admission order
+  // Finished requests kept alive until their last token is postprocessed.
+  std::vector<std::unique_ptr<Request>> retired_;
   uint64_t next_arrival_ = 0;
   // SGLang's new_token_ratio: the fraction of each running request's
   // remaining max_new_tokens that admission keeps in reserve. It decays as

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <optional>
 #include <random>
 
 #include "fake_model.h"
@@ -57,6 +58,23 @@ struct Harness {
     }
   }
 
+  // As the engine runs: step N+1 is built (and would be on the device)
+  // before step N's tokens are detokenized and reported.
+  void run_overlapped() {
+    std::optional<ScheduledBatch> current = sched.next_batch();
+    for (int guard = 0; current; ++guard) {
+      ASSERT_LT(guard, 100000) << "scheduler made no progress";
+      Tensor logits = model.forward(current->forward);
+      auto sampled = sched.sample(*current, logits);
+      auto next = sched.next_batch();
+      sched.postprocess(sampled);
+      sched.check_invariants();
+      current = std::move(next);
+      if (!current && sched.has_work()) current = sched.next_batch();
+    }
+    ASSERT_FALSE(sched.has_work());
+  }
+
   std::vector<int32_t> tokens(uint64_t id) {
     std::vector<int32_t> t;
     for (auto& o : outputs[id]) t.insert(t.end(), o.token_ids.begin(), o.token_ids.end());
@@ -86,6 +104,7 @@ std::vector<int32_t> random_prompt(std::mt19937& rng, const std::vector<int32_t>
 }  // namespace
 
 TEST(Scheduler, ContinuousBatchingUnderMemoryPressureGivesExactOutputs) {
+  for (bool overlap : {false, true}) {
   for (int page_size : {1, 4}) {
     for (bool radix : {true, false}) {
       SchedulerConfig c;
@@ -107,7 +126,11 @@ TEST(Scheduler, ContinuousBatchingUnderMemoryPressureGivesExactOutputs) {
         prompts[id] = prompt;
         max_new[id] = n;
       }
-      h.run();
+      if (overlap) {
+        h.run_overlapped();
+      } else {
+        h.run();
+      }
       for (auto& [id, prompt] : prompts) {
         EXPECT_EQ(h.tokens(id), expected_continuation(prompt, max_new[id], kVocab)) << "request " << id;
         EXPECT_EQ(h.last(id).finish, FinishReason::Length);
@@ -123,6 +146,7 @@ TEST(Scheduler, ContinuousBatchingUnderMemoryPressureGivesExactOutputs) {
       if (radix) EXPECT_GT(s.cached_prompt_tokens, 0);
       EXPECT_LE(h.model.max_batch_seqs, 8);
     }
+  }
   }
 }
 
@@ -164,6 +188,7 @@ TEST(Scheduler, ChunkedPrefillMixesWithDecode) {
 }
 
 TEST(Scheduler, StopTokensEosAndStopStrings) {
+  for (bool overlap : {false, true}) {
   SchedulerConfig c;
   c.num_pages = 256;
   std::vector<int32_t> prompt = {5, 6, 7};
@@ -187,7 +212,11 @@ TEST(Scheduler, StopTokensEosAndStopStrings) {
   std::string stop = full.substr(11, 2);
   by_str_params.stop = {stop};
   uint64_t by_str = h.add(prompt, by_str_params);
-  h.run();
+  if (overlap) {
+    h.run_overlapped();
+  } else {
+    h.run();
+  }
 
   EXPECT_EQ(h.tokens(eos), std::vector<int32_t>(expected.begin(), expected.begin() + 5));
   EXPECT_EQ(h.last(eos).finish, FinishReason::Stop);
@@ -199,6 +228,15 @@ TEST(Scheduler, StopTokensEosAndStopStrings) {
   EXPECT_EQ(h.last(by_str).finish, FinishReason::Stop);
   EXPECT_EQ(h.text(by_str), full.substr(0, full.find(stop)));
   EXPECT_EQ(h.last(by_str).matched_stop_string, stop);
+  for (auto& [id, outs] : h.outputs) {
+    int finals = 0;
+    for (auto& o : outs) finals += o.finished();
+    EXPECT_EQ(finals, 1) << "request " << id << " must be reported finished exactly once";
+  }
+  h.sched.check_invariants();
+  auto st = h.sched.stats();
+  EXPECT_EQ(st.free_pages + st.evictable_pages, st.total_pages);
+  }
 }
 
 TEST(Scheduler, AbortFreesPagesWaitingAndRunning) {
