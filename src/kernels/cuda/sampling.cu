@@ -2,10 +2,12 @@
 
 #include "kernels/cuda/cuda_check.h"
 
+#include <string>
+
 namespace mlaserve::cuda {
 namespace {
 
-constexpr int kThreads = 512;
+constexpr int kThreads = 512;  // per row; the sampler assumes blockDim.x == kThreads
 
 __device__ __forceinline__ void better(float& v, int& i, float ov, int oi) {
   if (ov > v || (ov == v && oi < i)) {
@@ -36,12 +38,159 @@ __global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* ids) 
   }
 }
 
+// Block-wide argmax of a row (all threads get the result).
+__device__ int row_argmax(const float* row, int64_t vocab) {
+  __shared__ float sv[kThreads / 32];
+  __shared__ int si[kThreads / 32];
+  float v = -INFINITY;
+  int idx = 0x7fffffff;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) better(v, idx, row[i], int(i));
+  for (int o = 16; o > 0; o >>= 1) better(v, idx, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, idx, o));
+  if (threadIdx.x % 32 == 0) {
+    sv[threadIdx.x / 32] = v;
+    si[threadIdx.x / 32] = idx;
+  }
+  __syncthreads();
+  v = sv[0];
+  idx = si[0];
+  for (int w = 1; w < kThreads / 32; ++w) better(v, idx, sv[w], si[w]);
+  __syncthreads();
+  return idx;
+}
+
+__device__ float block_sum_f(float v) {
+  __shared__ float part[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+  __syncthreads();
+  float s = 0.0f;
+  for (int w = 0; w < kThreads / 32; ++w) s += part[w];
+  return s;
+}
+
+// The weight's bits order like the weight (w >= 0): radix-select keys.
+__device__ __forceinline__ uint32_t weight_key(float w) { return __float_as_uint(w); }
+
+// Largest key K such that the elements with key >= K (among those with key >=
+// floor_key) carry at least `target` of count (by_mass false) or of weight.
+// Four passes of 8 bits, from the top byte; histograms in shared memory.
+__device__ uint32_t radix_select(const float* row, int64_t vocab, float max_l, float inv_t, uint32_t floor_key,
+                                 float target, bool by_mass) {
+  __shared__ float hist[256];
+  __shared__ uint32_t s_prefix;
+  __shared__ float s_target;
+  if (threadIdx.x == 0) {
+    s_prefix = 0;
+    s_target = target;
+  }
+  for (int pass = 0; pass < 4; ++pass) {
+    const int shift = 24 - 8 * pass;
+    const uint32_t high_mask = pass ? ~0u << (shift + 8) : 0u;
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0.0f;
+    __syncthreads();
+    const uint32_t prefix = s_prefix;
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+      const float w = __expf((row[i] - max_l) * inv_t);
+      const uint32_t key = weight_key(w);
+      if (key >= floor_key && (key & high_mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], by_mass ? w : 1.0f);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float above = 0.0f;
+      int b = 255;
+      for (; b > 0; --b) {
+        if (above + hist[b] >= s_target) break;
+        above += hist[b];
+      }
+      s_target -= above;
+      s_prefix = prefix | (uint32_t(b) << shift);
+    }
+    __syncthreads();
+  }
+  return s_prefix;
+}
+
+// One block a row: thresholds by radix select, then an inverse-CDF pick in
+// vocabulary order (each thread scans a contiguous slice).
+__global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, int64_t vocab,
+                                                          const RowSamplingParams* params, int32_t* ids) {
+  const float* row = logits + blockIdx.x * vocab;
+  const RowSamplingParams p = params[blockIdx.x];
+  const int argmax = row_argmax(row, vocab);
+  if (p.temperature < 1e-5f || p.top_k == 1) {
+    if (threadIdx.x == 0) ids[blockIdx.x] = argmax;
+    return;
+  }
+  const float max_l = row[argmax], inv_t = 1.0f / p.temperature;
+  uint32_t floor_key = 0;
+  if (p.top_k > 0 && p.top_k < vocab) floor_key = radix_select(row, vocab, max_l, inv_t, 0, float(p.top_k), false);
+  if (p.min_p > 0.0f) floor_key = max(floor_key, weight_key(p.min_p));
+  if (p.top_p < 1.0f) {
+    float mass = 0.0f;
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+      const float w = __expf((row[i] - max_l) * inv_t);
+      if (weight_key(w) >= floor_key) mass += w;
+    }
+    mass = block_sum_f(mass);
+    floor_key = radix_select(row, vocab, max_l, inv_t, floor_key, p.top_p * mass, true);
+  }
+  // Inverse CDF over the kept weights in vocabulary order: slice sums, an
+  // exclusive scan of them, then the one slice holding the target walks it.
+  const int64_t per = (vocab + blockDim.x - 1) / blockDim.x;
+  const int64_t begin = min(vocab, int64_t(threadIdx.x) * per), end = min(vocab, begin + per);
+  float local = 0.0f;
+  for (int64_t i = begin; i < end; ++i) {
+    const float w = __expf((row[i] - max_l) * inv_t);
+    if (weight_key(w) >= floor_key) local += w;
+  }
+  __shared__ float start[kThreads];
+  __shared__ float s_total;
+  __shared__ int s_choice;
+  start[threadIdx.x] = local;
+  __syncthreads();
+  if (threadIdx.x == 0) {  // 1024 sequential adds: simpler than a scan, and exact slice bounds
+    float run = 0.0f;
+    for (int t = 0; t < int(blockDim.x); ++t) {
+      const float v = start[t];
+      start[t] = run;
+      run += v;
+    }
+    s_total = run;
+    s_choice = argmax;  // if rounding puts the target past every slice: the top token, always kept
+  }
+  __syncthreads();
+  const float target = p.uniform * s_total;
+  float run = start[threadIdx.x];
+  if (local > 0.0f && run <= target && target < run + local) {
+    int64_t last_kept = begin;
+    for (int64_t i = begin; i < end; ++i) {
+      const float w = __expf((row[i] - max_l) * inv_t);
+      if (weight_key(w) < floor_key) continue;
+      last_kept = i;
+      run += w;
+      if (run > target) break;
+    }
+    s_choice = int(last_kept);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) ids[blockIdx.x] = s_choice;
+}
+
 }  // namespace
 
 void greedy_argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids, cudaStream_t stream) {
   if (rows == 0) return;
   argmax_kernel<<<rows, kThreads, 0, stream>>>(logits, vocab, ids);
   check_launch("greedy_argmax");
+}
+
+void sample_tokens(const float* logits, int64_t rows, int64_t vocab, const RowSamplingParams* params, int32_t* ids,
+                   cudaStream_t stream) {
+  if (rows == 0) return;
+  MLA_CUDA_REQUIRE(vocab > 0 && vocab < (int64_t(1) << 31), "sample_tokens: vocabulary of " + std::to_string(vocab));
+  sample_kernel<<<rows, kThreads, 0, stream>>>(logits, vocab, params, ids);
+  check_launch("sample_tokens");
 }
 
 }  // namespace mlaserve::cuda
