@@ -134,8 +134,10 @@ class StreamingRequest : public std::enable_shared_from_this<StreamingRequest> {
     finished_ = true;
     result_.latency = seconds_since(start_);
     result_.error = !error_.empty() ? error_ : error;
-    result_.success = result_.error.empty() && chunks_ > 0;
-    if (result_.error.empty() && chunks_ == 0) result_.error = "no tokens streamed";
+    result_.success = result_.error.empty();
+    // Tokens that decode to no text (special tokens, skipped) stream no
+    // chunk; then the first "token" is the end of the stream.
+    if (chunks_ == 0) result_.ttft = result_.latency;
     result_.output_len = usage_tokens_ >= 0 ? usage_tokens_ : chunks_;
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);

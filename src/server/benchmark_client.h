@@ -25,7 +25,7 @@ struct LoadOptions {
 };
 
 struct RequestResult {
-  bool success = false;
+  bool success = false;  // HTTP 200 and a stream that ended with [DONE]
   std::string error;
   int prompt_len = 0;
   int output_len = 0;  // from usage when the server reports it, else streamed chunks
