@@ -386,9 +386,8 @@ int run(const Args& a) {
     opt.scratch_slot = slots - 1;
     auto graphs = make_decode_graph_runner(be, opt, [&](const ForwardBatch& b) { return model.forward(b, cache); });
     for (bool use_graph : {false, true}) {
+      // Eager: the first 16 steps only (the graph run then rewrites the same slots).
       const int steps = use_graph ? a.output : std::min(a.output, 16);
-      const int start = use_graph ? 0 : a.output - steps;  // eager: the last contexts, overwritten later by graphs
-      (void)start;
       std::vector<int32_t> t = tokens;
       if (!use_graph && B == a.batches.front()) timing.enable(true);
       const auto w0 = std::chrono::steady_clock::now();
