@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace mlaserve::runtime {
 
@@ -363,14 +364,28 @@ Scheduler::SampledStep Scheduler::sample(const ScheduledBatch& b, const Tensor& 
   MLA_CHECK(b.forward.logit_rows.empty() || (logits.dtype() == mlaserve::DType::F32 &&
                                               logits.dim(0) == int64_t(b.forward.logit_rows.size())),
             "model returned logits {} for {} rows", shape_str(logits.shape()), b.forward.logit_rows.size());
-  SampledStep step;
+  std::vector<const ScheduledBatch::Entry*> to_sample;
   for (const auto& e : b.entries) {
     Request& r = *e.request;
     r.kv_len += e.num_tokens;
     if (e.num_tokens > 1 && !r.aborted) cache_prefix(r);
-    if (e.logit_row < 0 || r.aborted) continue;
-    std::span<const float> row(logits.data<float>() + e.logit_row * vocab, size_t(vocab));
-    SampledStep::Item it{&r, sample_token(row, r.params, r.history, *r.rng)};
+    if (e.logit_row >= 0 && !r.aborted) to_sample.push_back(&e);
+  }
+  // Rows are independent (each request has its own RNG and history), and a
+  // row is a whole vocabulary: spread them over the cores.
+  std::vector<SampledToken> sampled(to_sample.size());
+  parallel_for(int64_t(to_sample.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const auto& e = *to_sample[size_t(i)];
+      Request& r = *e.request;
+      std::span<const float> row(logits.data<float>() + e.logit_row * vocab, size_t(vocab));
+      sampled[size_t(i)] = sample_token(row, r.params, r.history, *r.rng);
+    }
+  });
+  SampledStep step;
+  for (size_t i = 0; i < to_sample.size(); ++i) {
+    Request& r = *to_sample[i]->request;
+    SampledStep::Item it{&r, std::move(sampled[i])};
     const int32_t id = it.token.id;
     r.tokens.push_back(id);
     r.history.add_output(id);

@@ -347,11 +347,16 @@ void HttpServer::Impl::accept() {
       } else {
         session->start();
       }
-    } else {
-      // Out of file descriptors and the like: keep accepting once it passes.
-      spdlog::warn("accept failed: {}", ec.message());
+      self->accept();
+      return;
     }
-    self->accept();
+    // Out of file descriptors and the like: back off a little rather than
+    // spin on a listening socket that keeps failing, then accept again.
+    spdlog::warn("accept failed: {}", ec.message());
+    auto timer = std::make_shared<net::steady_timer>(self->ioc, std::chrono::milliseconds(50));
+    timer->async_wait([self, timer](beast::error_code) {
+      if (self->acceptor.is_open()) self->accept();
+    });
   });
 }
 
