@@ -86,7 +86,8 @@ def main():
     c.run("rss_bounded", rss_bounded)
     s.stop()
 
-    t = Server(args.binary, model, "--max-total-tokens", "16384", "--max-running-requests", "64")
+    t = Server(args.binary, model, "--max-total-tokens", "16384", "--max-running-requests", "64",
+               "--shutdown-timeout", "300")  # a slow CI machine must not turn draining into aborts
 
     def sigterm_during_load():
         results = [None] * 150
