@@ -98,8 +98,14 @@ def main():
         while t.metrics()["mlaserve_num_running_reqs"] == 0 and time.time() < deadline:
             time.sleep(0.01)
         t.proc.send_signal(signal.SIGTERM)
-        for th in threads:
+        time.sleep(0.3)
+        late = [None] * 10  # after SIGTERM: refused (no listener) or 503, never a broken stream
+        late_threads = [threading.Thread(target=stream_client, args=(t.port, i, late, 24)) for i in range(10)]
+        for th in late_threads:
+            th.start()
+        for th in threads + late_threads:
             th.join()
+        assert all(r[0] in ("rejected", "connection_error") for r in late), late
         rc = t.proc.wait(60)
         kinds = {}
         for r in results:
