@@ -65,7 +65,6 @@ struct Request {
   bool awaiting_postprocess = false;
   FinishReason finish_after_postprocess = FinishReason::None;  // decided while its token waited
   bool final_reported = false;  // its last output went out; the scheduler only has to drop it
-  int num_retractions = 0;
   int num_output() const { return int(tokens.size()) - prompt_len; }
   // Tokens still to run through the model before the next sample.
   int pending_tokens() const { return int(tokens.size()) - kv_len; }

@@ -175,7 +175,6 @@ void Scheduler::finish(Request& r, FinishReason reason, RequestOutput&& out) {
 void Scheduler::retract(Request& r) {
   auto owned = take_running(r);
   release_kv(*owned);
-  owned->num_retractions++;
   totals_.retractions++;
   new_token_ratio_ = kInitNewTokenRatio;
   // Back into the queue in arrival order, so it is re-admitted before newer ones.

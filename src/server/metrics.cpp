@@ -52,6 +52,8 @@ std::string render_metrics(const runtime::SchedulerStats& e, int in_flight, int 
          double(e.cached_pages) * page_size);
   metric(out, "gauge", "mlaserve_token_usage", "Fraction of the KV pool in use by requests.",
          e.total_pages ? 1.0 - double(e.free_pages + e.evictable_pages) / e.total_pages : 0.0);
+  metric(out, "gauge", "mlaserve_last_batch_tokens", "New tokens in the latest model step.", e.last_batch_tokens);
+  metric(out, "gauge", "mlaserve_last_batch_seqs", "Sequences in the latest model step.", e.last_batch_seqs);
   metric(out, "counter", "mlaserve_prompt_tokens_total", "Prompt tokens of finished requests.",
          double(e.prompt_tokens));
   metric(out, "counter", "mlaserve_cached_prompt_tokens_total", "Prompt tokens served from the prefix cache.",
