@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 #include <thread>
@@ -87,13 +88,20 @@ Json byte_list(std::string_view bytes) {
 }  // namespace
 
 ApiServer::ApiServer(ApiServerOptions options, runtime::Engine& engine, const tokenizer::Tokenizer& tokenizer)
-    : options_(std::move(options)), engine_(engine), tokenizer_(tokenizer) {}
+    : options_(std::move(options)),
+      engine_(engine),
+      tokenizer_(tokenizer),
+      workers_(std::clamp(int(std::thread::hardware_concurrency()), 1, 4)) {}
 
 ApiServer::~ApiServer() = default;
 
 void ApiServer::handle(HttpRequest&& request, std::shared_ptr<HttpResponder> responder) {
+  guarded(responder, [&] { dispatch(request, responder); });
+}
+
+void ApiServer::guarded(const std::shared_ptr<HttpResponder>& responder, const std::function<void()>& fn) {
   try {
-    dispatch(request, responder);
+    fn();
   } catch (const ApiError& e) {
     respond_error(*responder, e.status(), e.what(), e.param());
   } catch (const runtime::QueueFullError& e) {
@@ -120,13 +128,13 @@ void ApiServer::dispatch(HttpRequest& req, const std::shared_ptr<HttpResponder>&
 
   if (p == "/v1/chat/completions") {
     need("POST");
-    chat_completions(req, http);
+    prepare_async(http, [this, body = std::move(req.body)] { return prepare_chat(body); });
   } else if (p == "/v1/completions") {
     need("POST");
-    completions(req, http);
+    prepare_async(http, [this, body = std::move(req.body)] { return prepare_completion(body); });
   } else if (p == "/generate") {
     need("POST");
-    native_generate(req, http);
+    prepare_async(http, [this, body = std::move(req.body)] { return prepare_native(body); });
   } else if (p == "/v1/models") {
     need("GET");
     nlohmann::json model = {{"id", options_.served_model_name},
@@ -200,8 +208,28 @@ void ApiServer::flush_cache(const std::shared_ptr<HttpResponder>& http) {
   }).detach();
 }
 
-void ApiServer::chat_completions(const HttpRequest& req, const std::shared_ptr<HttpResponder>& http) {
-  Json body = parse_body(req.body);
+void ApiServer::prepare_async(const std::shared_ptr<HttpResponder>& http,
+                              std::function<std::shared_ptr<Job>()> prepare) {
+  workers_.submit([this, http, prepare = std::move(prepare)] {
+    std::shared_ptr<Job> job;
+    std::exception_ptr error;
+    try {
+      job = prepare();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    http->post([this, http, job, error] {
+      guarded(http, [&] {
+        if (error) std::rethrow_exception(error);
+        job->http = http;
+        start(job);
+      });
+    });
+  });
+}
+
+std::shared_ptr<ApiServer::Job> ApiServer::prepare_chat(const std::string& raw) const {
+  Json body = parse_body(raw);
   auto o = parse_openai_options(body, ApiKind::Chat);
   chat::ChatRequest chat_request = chat::parse_chat_request(body);
   std::string tool_choice = "auto";
@@ -215,7 +243,6 @@ void ApiServer::chat_completions(const HttpRequest& req, const std::shared_ptr<H
 
   auto job = std::make_shared<Job>();
   job->endpoint = Endpoint::Chat;
-  job->http = http;
   job->id = random_id("chatcmpl-");
   job->prompts = {tokenizer_.encode(prompt, false)};
   job->params = o.params;
@@ -233,15 +260,14 @@ void ApiServer::chat_completions(const HttpRequest& req, const std::shared_ptr<H
   }
   po.thinking = chat::thinking_enabled(chat_request, options_.chat_template);
   job->parser_options = po;
-  start(job);
+  return job;
 }
 
-void ApiServer::completions(const HttpRequest& req, const std::shared_ptr<HttpResponder>& http) {
-  Json body = parse_body(req.body);
+std::shared_ptr<ApiServer::Job> ApiServer::prepare_completion(const std::string& raw) const {
+  Json body = parse_body(raw);
   auto o = parse_openai_options(body, ApiKind::Completion);
   auto job = std::make_shared<Job>();
   job->endpoint = Endpoint::Completion;
-  job->http = http;
   job->id = random_id("cmpl-");
   if (!body.contains("prompt") || body["prompt"].is_null()) throw ApiError(400, "'prompt' is required", "prompt");
   const Json& prompt = body["prompt"];
@@ -290,14 +316,13 @@ void ApiServer::completions(const HttpRequest& req, const std::shared_ptr<HttpRe
   job->include_usage = o.include_usage;
   job->want_logprobs = o.params.logprobs;
   if (auto v = bool_field(body, "echo")) job->echo = *v;
-  start(job);
+  return job;
 }
 
-void ApiServer::native_generate(const HttpRequest& req, const std::shared_ptr<HttpResponder>& http) {
-  Json body = parse_body(req.body);
+std::shared_ptr<ApiServer::Job> ApiServer::prepare_native(const std::string& raw) const {
+  Json body = parse_body(raw);
   auto job = std::make_shared<Job>();
   job->endpoint = Endpoint::Generate;
-  job->http = http;
   job->id = random_id("");
   bool has_text = body.contains("text") && !body["text"].is_null();
   bool has_ids = body.contains("input_ids") && !body["input_ids"].is_null();
@@ -315,7 +340,7 @@ void ApiServer::native_generate(const HttpRequest& req, const std::shared_ptr<Ht
   job->max_tokens = job->params.max_new_tokens;
   if (auto v = bool_field(body, "stream")) job->stream = *v;
   if (auto v = bool_field(body, "return_logprob")) job->want_logprobs = job->params.logprobs = *v;
-  start(job);
+  return job;
 }
 
 void ApiServer::start(const std::shared_ptr<Job>& job) {

@@ -19,6 +19,7 @@
 #include "runtime/engine.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
+#include "server/work_queue.h"
 #include "tokenizer/tokenizer.h"
 
 namespace mlaserve::server {
@@ -47,9 +48,14 @@ class ApiServer {
 
  private:
   void dispatch(HttpRequest& request, const std::shared_ptr<HttpResponder>& responder);
-  void chat_completions(const HttpRequest& request, const std::shared_ptr<HttpResponder>& responder);
-  void completions(const HttpRequest& request, const std::shared_ptr<HttpResponder>& responder);
-  void native_generate(const HttpRequest& request, const std::shared_ptr<HttpResponder>& responder);
+  // Runs fn on the io thread, answering its errors (400, 503, ...).
+  void guarded(const std::shared_ptr<HttpResponder>& responder, const std::function<void()>& fn);
+  // Builds the job on a worker thread, then starts it on the io thread.
+  void prepare_async(const std::shared_ptr<HttpResponder>& responder, std::function<std::shared_ptr<Job>()> prepare);
+  // Request bodies to jobs (parse, validate, template, tokenize): worker threads.
+  std::shared_ptr<Job> prepare_chat(const std::string& body) const;
+  std::shared_ptr<Job> prepare_completion(const std::string& body) const;
+  std::shared_ptr<Job> prepare_native(const std::string& body) const;
   void health_generate(const std::shared_ptr<HttpResponder>& responder);
   void flush_cache(const std::shared_ptr<HttpResponder>& responder);
   void start(const std::shared_ptr<Job>& job);
@@ -61,6 +67,7 @@ class ApiServer {
   tokenizer::Tokenizer tokenizer_;
   RequestMetrics metrics_;
   std::function<HttpServerStats()> http_stats_;
+  WorkQueue workers_;  // last: joined first, while everything it uses is alive
 };
 
 }  // namespace mlaserve::server
