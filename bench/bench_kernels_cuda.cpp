@@ -255,7 +255,9 @@ void BM_MoeFused(benchmark::State& state) {
 }
 
 // The simple path: per active expert, gather its rows and run three cuBLASLt
-// GEMMs (routing known on the host, as a per-expert loop must know it).
+// GEMMs (routing known on the host, as a per-expert loop must know it). It
+// reads each expert's gate_up block as [gate; up] rather than the fused
+// kernel's interleaving: the same random bytes, the same cost.
 void BM_MoePerExpertCublas(benchmark::State& state) {
   MoeInputs m = make_moe(int(state.range(0)));
   std::vector<std::vector<int32_t>> rows(kExperts);

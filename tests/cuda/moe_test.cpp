@@ -114,7 +114,16 @@ double run_experts(const ExpertCase& c, unsigned seed) {
   std::mt19937 rng(seed);
   const int T = c.tokens, D = c.hidden, I = c.inter, E = c.experts, K = c.top_k;
   auto x = random_bf16(size_t(T) * D, rng);
-  auto wgu = random_bf16(size_t(E) * 2 * I * D, rng, 0.05f), wd = random_bf16(size_t(E) * D * I, rng, 0.05f);
+  // Separate gate {E, I, D} and up {E, I, D}, stacked into the kernel's interleaved gate_up.
+  auto wg = random_bf16(size_t(E) * I * D, rng, 0.05f), wu = random_bf16(size_t(E) * I * D, rng, 0.05f);
+  auto wd = random_bf16(size_t(E) * D * I, rng, 0.05f);
+  std::vector<uint16_t> wgu(size_t(E) * 2 * I * D);
+  for (size_t e = 0; e < size_t(E); ++e)
+    for (int i = 0; i < I; ++i)
+      for (int d = 0; d < D; ++d) {
+        wgu[(e * 2 * I + gate_up_row(i, false)) * D + d] = wg[(e * I + i) * D + d];
+        wgu[(e * 2 * I + gate_up_row(i, true)) * D + d] = wu[(e * I + i) * D + d];
+      }
   auto add = random_bf16(size_t(T) * D, rng);
   std::vector<int32_t> ids(size_t(T) * K);
   std::vector<float> w(size_t(T) * K);
@@ -138,8 +147,8 @@ double run_experts(const ExpertCase& c, unsigned seed) {
         double gsum = 0, usum = 0;
         for (int d = 0; d < D; ++d) {
           const double xv = bf16_to_f32(x[size_t(t) * D + d]);
-          gsum += xv * bf16_to_f32(wgu[(e * 2 * I + i) * D + d]);
-          usum += xv * bf16_to_f32(wgu[(e * 2 * I + I + i) * D + d]);
+          gsum += xv * bf16_to_f32(wg[(e * I + i) * D + d]);
+          usum += xv * bf16_to_f32(wu[(e * I + i) * D + d]);
         }
         h[i] = gsum / (1 + std::exp(-gsum)) * usum;
       }

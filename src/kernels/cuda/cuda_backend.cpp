@@ -140,12 +140,13 @@ ExpertWeights CudaBackend::load_experts(std::vector<Weight> gate, std::vector<We
   MLA_CHECK(E > 0 && up.size() == gate.size() && down.size() == gate.size(), "experts: {} gate, {} up, {} down weights",
             gate.size(), up.size(), down.size());
   const int64_t I = gate[0].out_features(), D = gate[0].in_features();
+  MLA_CHECK(I % 8 == 0, "experts: intermediate size {} is not a multiple of 8", I);
   auto stacked = std::make_shared<StackedExperts>();
   stacked->hidden = D;
   stacked->inter = I;
   stacked->gate_up = alloc({E, 2 * I, D}, DType::BF16);
   stacked->down = alloc({E, D, I}, DType::BF16);
-  const size_t mat = size_t(I * D) * 2;
+  const size_t mat = size_t(I * D) * 2, group = size_t(8 * D) * 2;  // bytes of a matrix, of 8 rows
   auto* gu = static_cast<char*>(stacked->gate_up.raw());
   auto* dn = static_cast<char*>(stacked->down.raw());
   ExpertWeights out;
@@ -155,14 +156,20 @@ ExpertWeights CudaBackend::load_experts(std::vector<Weight> gate, std::vector<We
     MLA_CHECK(g.w.shape() == Shape({I, D}) && u.w.shape() == Shape({I, D}) && d.w.shape() == Shape({D, I}),
               "expert {}: gate {}, up {}, down {} do not match expert 0's [{}, {}]", e, shape_str(g.w.shape()),
               shape_str(u.w.shape()), shape_str(d.w.shape()), I, D);
+    // gate_up interleaves 8-row groups of gate and up (see moe_experts.h).
     char* gdst = gu + 2 * e * mat;
-    MLA_CUDA_CHECK(cudaMemcpyAsync(gdst, g.w.raw(), mat, cudaMemcpyDeviceToDevice, stream_), "load_experts");
-    MLA_CUDA_CHECK(cudaMemcpyAsync(gdst + mat, u.w.raw(), mat, cudaMemcpyDeviceToDevice, stream_), "load_experts");
+    MLA_CUDA_CHECK(cudaMemcpy2DAsync(gdst, 2 * group, g.w.raw(), group, group, size_t(I / 8),
+                                     cudaMemcpyDeviceToDevice, stream_),
+                   "load_experts");
+    MLA_CUDA_CHECK(cudaMemcpy2DAsync(gdst + group, 2 * group, u.w.raw(), group, group, size_t(I / 8),
+                                     cudaMemcpyDeviceToDevice, stream_),
+                   "load_experts");
     MLA_CUDA_CHECK(cudaMemcpyAsync(dn + e * mat, d.w.raw(), mat, cudaMemcpyDeviceToDevice, stream_), "load_experts");
     MLA_CUDA_CHECK(cudaStreamSynchronize(stream_), "load_experts");  // before the per-expert copies are freed
-    // The per-expert weights the model sees are views into the stacks.
-    out.gate.push_back({Tensor::wrap(gdst, {I, D}, DType::BF16, Device::CUDA, stacked), {}});
-    out.up.push_back({Tensor::wrap(gdst + mat, {I, D}, DType::BF16, Device::CUDA, stacked), {}});
+    // The routed experts live only in the stacks (`packed`): gate[e] is expert
+    // e's interleaved gate_up block, up[e] stays empty, down[e] is its down block.
+    out.gate.push_back({Tensor::wrap(gdst, {2 * I, D}, DType::BF16, Device::CUDA, stacked), {}});
+    out.up.push_back({});
     out.down.push_back({Tensor::wrap(dn + e * mat, {D, I}, DType::BF16, Device::CUDA, stacked), {}});
   }
   out.packed = stacked;
@@ -370,8 +377,12 @@ void CudaBackend::head_bmm(const Tensor& x, const Tensor& w, bool transpose_w, T
   MLA_CHECK(w.ndim() == 3 && w.dim(0) == H && K <= Kx && out.shape() == Shape({T, H, N}),
             "head_bmm: x {} · w {} (transposed: {}) into {}", shape_str(x.shape()), shape_str(w.shape()),
             transpose_w, shape_str(out.shape()));
-  gemm_->head_bmm(bf(x, "head_bmm", "x"), as_bf16(w, "head_bmm"), transpose_w, T, H, Kx, K, N,
-                  bf(out, "head_bmm", "out"), stream_);
+  const __nv_bfloat16* wp = as_bf16(w, "head_bmm");
+  if (T <= kSkinnyRowsUsed && skinny_head_bmm_applies(T, Kx, K, N, transpose_w)) {
+    skinny_head_bmm(bf(x, "head_bmm", "x"), wp, transpose_w, T, H, Kx, K, N, bf(out, "head_bmm", "out"), stream_);
+  } else {
+    gemm_->head_bmm(bf(x, "head_bmm", "x"), wp, transpose_w, T, H, Kx, K, N, bf(out, "head_bmm", "out"), stream_);
+  }
 }
 
 void CudaBackend::mla_attention_absorbed(const Tensor& q, const Tensor& cache, const DeviceBatch& batch, float scale,

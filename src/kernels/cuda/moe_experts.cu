@@ -5,7 +5,6 @@
 
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/mma_sm80.cuh"
 
 namespace mlaserve::cuda {
@@ -32,7 +31,7 @@ int max_blocks_for(int assignments, int num_experts, int block_m) {
 
 struct Workspace {
   int32_t *sorted_ids, *block_expert, *num_padded, *position;
-  __nv_bfloat16 *gate_up, *act, *down;
+  __nv_bfloat16 *act, *down;
   size_t bytes;
 };
 
@@ -51,7 +50,6 @@ Workspace carve(void* base, int num_tokens, int top_k, int num_experts, int hidd
   w.block_expert = reinterpret_cast<int32_t*>(take(max_blocks * 4));
   w.num_padded = reinterpret_cast<int32_t*>(take(4));
   w.position = reinterpret_cast<int32_t*>(take(size_t(assignments) * 4));
-  w.gate_up = reinterpret_cast<__nv_bfloat16*>(take(max_rows * 2 * inter * 2));
   w.act = reinterpret_cast<__nv_bfloat16*>(take(max_rows * inter * 2));
   w.down = reinterpret_cast<__nv_bfloat16*>(take(max_rows * hidden * 2));
   w.bytes = off;
@@ -180,12 +178,31 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmParam
     for (int r = 0; r < 2; ++r) {
       const int m = mb * kBM + warp_m * kWTM + mt * 16 + g + 8 * r;
       if (p.sorted_ids[m] == p.pad_sentinel) continue;
+      if constexpr (kGather) {
+        // gate_up with SiLU-and-mul fused: the weight rows interleave gate and
+        // up in groups of 8, so n-tiles 2j and 2j+1 hold gate and up of the
+        // same 8 intermediate columns in this thread's registers.
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        const int n = nb * kBlockN + warp_n * kWTN + nt * 8 + c2;
-        if (n < p.n)
-          *reinterpret_cast<__nv_bfloat162*>(p.c + int64_t(m) * p.n + n) =
-              __floats2bfloat162_rn(acc[mt][nt][2 * r], acc[mt][nt][2 * r + 1]);
+        for (int nt = 0; nt < kNT; nt += 2) {
+          const int n = nb * kBlockN + warp_n * kWTN + nt * 8;  // first gate column of the pair
+          if (n >= p.n) continue;
+          const int i = n / 2 + c2;
+          float h[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float g = acc[mt][nt][2 * r + e], u = acc[mt][nt + 1][2 * r + e];
+            h[e] = g / (1.0f + __expf(-g)) * u;
+          }
+          *reinterpret_cast<__nv_bfloat162*>(p.c + int64_t(m) * (p.n / 2) + i) = __floats2bfloat162_rn(h[0], h[1]);
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          const int n = nb * kBlockN + warp_n * kWTN + nt * 8 + c2;
+          if (n < p.n)
+            *reinterpret_cast<__nv_bfloat162*>(p.c + int64_t(m) * p.n + n) =
+                __floats2bfloat162_rn(acc[mt][nt][2 * r], acc[mt][nt][2 * r + 1]);
+        }
       }
     }
 }
@@ -280,14 +297,11 @@ void moe_experts(const MoeExpertsParams& p, void* workspace, cudaStream_t stream
 
   g.a = p.x;
   g.w = p.w_gate_up;
-  g.c = ws.gate_up;
+  g.c = ws.act;  // SiLU-and-mul happens in the gate_up epilogue
   g.n = 2 * p.inter;
   g.k = p.hidden;
   g.gather_a = true;
   grouped_gemm(g, block_m, stream);
-
-  silu_and_mul(ws.gate_up, ws.gate_up + p.inter, 2 * p.inter, int64_t(max_blocks) * block_m, p.inter, ws.act,
-               stream);
 
   g.a = ws.act;
   g.w = p.w_down;

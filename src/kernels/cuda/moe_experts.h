@@ -3,12 +3,15 @@
 //   1. align: group the (token, k) assignments by expert, each expert's run
 //      padded to the GEMM's row block, plus each assignment's sorted position;
 //   2. gate_up: one grouped GEMM over every active expert (tensor cores),
-//      rows gathered from x by token; then SiLU-and-mul;
+//      rows gathered from x by token, SiLU-and-mul in its epilogue;
 //   3. down: one grouped GEMM over the activated rows;
 //   4. combine: out[t] = sum_j w[t, j] * y[pos(t, j)] (+ an optional addend,
 //      the shared experts' output).
-// Expert weights are stacked at load time: gate_up {E, 2I, D} (gate rows
-// then up rows per expert) and down {E, D, I}.
+// Expert weights are stacked at load time: gate_up {E, 2I, D} and down
+// {E, D, I}. gate_up interleaves gate and up rows in groups of 8 (rows
+// 16j .. 16j+7 are gate rows 8j .. 8j+7, rows 16j+8 .. 16j+15 the up rows of
+// the same columns; gate_up_row() gives the mapping), so one thread's
+// accumulators hold both halves of each SiLU-and-mul pair.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -19,7 +22,7 @@ namespace mlaserve::cuda {
 
 struct MoeExpertsParams {
   const __nv_bfloat16* x = nullptr;        // {T, D}
-  const __nv_bfloat16* w_gate_up = nullptr;  // {E, 2I, D}
+  const __nv_bfloat16* w_gate_up = nullptr;  // {E, 2I, D}, gate/up interleaved by 8 rows
   const __nv_bfloat16* w_down = nullptr;   // {E, D, I}
   const int32_t* topk_ids = nullptr;       // {T, k}
   const float* topk_weights = nullptr;     // {T, k}
@@ -27,6 +30,9 @@ struct MoeExpertsParams {
   int num_tokens = 0, hidden = 0, inter = 0, num_experts = 0, top_k = 0;
   __nv_bfloat16* out = nullptr;  // {T, D}
 };
+
+// Row of the stacked gate_up matrix holding gate (is_up false) or up row i.
+constexpr int64_t gate_up_row(int64_t i, bool is_up) { return (i / 8) * 16 + (is_up ? 8 : 0) + i % 8; }
 
 // The row block of the grouped GEMM for a batch: 16 when experts see few
 // rows (decode), 64 otherwise. Depends on the shape only (graph-safe).
@@ -45,7 +51,8 @@ struct GroupedGemmParams {
   const __nv_bfloat16* w = nullptr;       // {E, N, K}
   __nv_bfloat16* c = nullptr;             // {max rows, N}
   int n = 0, k = 0, top_k = 1, pad_sentinel = 0, max_blocks = 0;
-  bool gather_a = false;  // a row = sorted_ids[m] / top_k (x by token), else a row = m
+  bool gather_a = false;  // a row = sorted_ids[m] / top_k (x by token), else a row = m;
+                          // gather_a also fuses SiLU-and-mul (c is {max rows, N / 2})
 };
 
 }  // namespace mlaserve::cuda
