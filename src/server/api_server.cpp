@@ -221,6 +221,7 @@ void ApiServer::prepare_async(const std::shared_ptr<HttpResponder>& http,
     http->post([this, http, job, error] {
       guarded(http, [&] {
         if (error) std::rethrow_exception(error);
+        if (http->closed()) return;  // the client left while its request was prepared
         job->http = http;
         start(job);
       });

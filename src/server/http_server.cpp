@@ -111,6 +111,7 @@ class Session : public HttpResponder, public std::enable_shared_from_this<Sessio
   }
 
   void on_disconnect(std::function<void()> fn) override { on_disconnect_ = std::move(fn); }
+  bool closed() const override { return closed_; }
 
   void post(std::function<void()> fn) override { net::post(server_->ioc, std::move(fn)); }
 

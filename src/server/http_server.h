@@ -44,6 +44,8 @@ class HttpResponder {
   // Called once, on the io thread, if the client goes away before the
   // response is complete (closed socket, failed or stalled write).
   virtual void on_disconnect(std::function<void()> fn) = 0;
+  // The client is gone (nothing sent from now on reaches anyone).
+  virtual bool closed() const = 0;
   // Runs fn on the io thread (engine callbacks hand their data over here).
   virtual void post(std::function<void()> fn) = 0;
 };
