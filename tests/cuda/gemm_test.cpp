@@ -45,13 +45,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Linear,
                          ::testing::Values(LinearShape{1, 64, 32}, LinearShape{3, 576, 2048},
                                            LinearShape{37, 2048, 1408}, LinearShape{128, 512, 7168}));
 
-class HeadBmm : public ::testing::TestWithParam<bool> {};
-
-TEST_P(HeadBmm, ReadsTheFirstKOfEachHeadWithAndWithoutTransposedWeights) {
+TEST(HeadBmm, ReadsTheFirstKOfEachHeadWithAndWithoutTransposedWeights) {
   MLA_SKIP_WITHOUT_GPU();
-  const bool skinny = GetParam();  // the decode-sized kernel, or cuBLASLt's batched GEMM
   // q_nope{T, H, 128} read in place from q{T, H, 192}; W_UK {H, 128, 512}.
-  const int64_t T = skinny ? 3 : 5, H = 16, kx = 192, k = 128, n = 512;
+  const int64_t T = 5, H = 16, kx = 192, k = 128, n = 512;
   std::mt19937 rng(17);
   auto x = random_bf16(T * H * kx, rng), w = random_bf16(H * k * n, rng);
   CublasLtGemm gemm;
@@ -70,22 +67,13 @@ TEST_P(HeadBmm, ReadsTheFirstKOfEachHeadWithAndWithoutTransposedWeights) {
           ref[(t * H + h) * n + j] = acc;
         }
     auto dout = poisoned(T * H * n * 2);
-    if (skinny) {
-      ASSERT_TRUE(skinny_head_bmm_applies(T, kx, k, n, transpose));
-      skinny_head_bmm(dx.get<__nv_bfloat16>(), dw.get<__nv_bfloat16>(), transpose, T, H, kx, k, n,
-                      dout.get<__nv_bfloat16>(), nullptr);
-    } else {
-      gemm.head_bmm(dx.get<__nv_bfloat16>(), dw.get<__nv_bfloat16>(), transpose, T, H, kx, k, n,
-                    dout.get<__nv_bfloat16>(), nullptr);
-    }
+    gemm.head_bmm(dx.get<__nv_bfloat16>(), dw.get<__nv_bfloat16>(), transpose, T, H, kx, k, n,
+                  dout.get<__nv_bfloat16>(), nullptr);
     const double err = rel_l2(to_float(download<uint16_t>(dout, T * H * n)), ref);
-    std::printf("[rel_l2] head_bmm %s transpose=%d %.2e\n", skinny ? "skinny" : "cublaslt", int(transpose), err);
+    std::printf("[rel_l2] head_bmm transpose=%d %.2e\n", int(transpose), err);
     EXPECT_LT(err, 1e-2);
   }
 }
-
-INSTANTIATE_TEST_SUITE_P(Paths, HeadBmm, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "Skinny" : "CublasLt"; });
 
 }  // namespace
 }  // namespace mlaserve::cuda::testing

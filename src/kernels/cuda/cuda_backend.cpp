@@ -377,12 +377,8 @@ void CudaBackend::head_bmm(const Tensor& x, const Tensor& w, bool transpose_w, T
   MLA_CHECK(w.ndim() == 3 && w.dim(0) == H && K <= Kx && out.shape() == Shape({T, H, N}),
             "head_bmm: x {} · w {} (transposed: {}) into {}", shape_str(x.shape()), shape_str(w.shape()),
             transpose_w, shape_str(out.shape()));
-  const __nv_bfloat16* wp = as_bf16(w, "head_bmm");
-  if (T <= kSkinnyRowsUsed && skinny_head_bmm_applies(T, Kx, K, N, transpose_w)) {
-    skinny_head_bmm(bf(x, "head_bmm", "x"), wp, transpose_w, T, H, Kx, K, N, bf(out, "head_bmm", "out"), stream_);
-  } else {
-    gemm_->head_bmm(bf(x, "head_bmm", "x"), wp, transpose_w, T, H, Kx, K, N, bf(out, "head_bmm", "out"), stream_);
-  }
+  gemm_->head_bmm(bf(x, "head_bmm", "x"), as_bf16(w, "head_bmm"), transpose_w, T, H, Kx, K, N,
+                  bf(out, "head_bmm", "out"), stream_);
 }
 
 void CudaBackend::mla_attention_absorbed(const Tensor& q, const Tensor& cache, const DeviceBatch& batch, float scale,

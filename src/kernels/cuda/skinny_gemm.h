@@ -20,11 +20,4 @@ bool skinny_gemm_applies(int64_t m, int64_t k);
 void skinny_gemm(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t m, int64_t n, int64_t k, void* out,
                  bool out_f32, cudaStream_t stream);
 
-// The per-head products of absorbed MLA for 1 .. 8 tokens:
-// out{T, H, N} = x{T, H, Kx}[:, :, :K] · w[h], w {H, K, N} (transpose_w
-// false) or {H, N, K} (true); see CublasLtGemm::head_bmm.
-bool skinny_head_bmm_applies(int64_t tokens, int64_t x_head_stride, int64_t k, int64_t n, bool transpose_w);
-void skinny_head_bmm(const __nv_bfloat16* x, const __nv_bfloat16* w, bool transpose_w, int64_t tokens, int64_t heads,
-                     int64_t x_head_stride, int64_t k, int64_t n, __nv_bfloat16* out, cudaStream_t stream);
-
 }  // namespace mlaserve::cuda
