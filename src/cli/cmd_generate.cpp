@@ -1,24 +1,24 @@
-// mlaserve generate: one prompt, prefill then incremental decode with the
-// latent cache, greedy unless sampling options are given.
+// mlaserve generate: one prompt through the offline Engine (the same runtime
+// `serve` uses: paged latent cache, scheduler, sampler), greedy unless
+// sampling options are given; the continuation is streamed to stdout.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cstdio>
 #include <optional>
 #include <sstream>
 
 #include "cli/command.h"
-#include "io/checkpoint.h"
-#include "model/deepseek_model.h"
-#include "model/kv_cache.h"
-#include "runtime/sampler.h"
-#include "tokenizer/tokenizer.h"
+#include "runtime/engine_loader.h"
 
 namespace mlaserve::cli {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 struct GenerateOptions {
-  std::string model_path = "models/tiny";
+  runtime::EngineArgs engine;
   std::string prompt;
   std::string input_ids;
   int max_new_tokens = 32;
@@ -28,7 +28,6 @@ struct GenerateOptions {
   std::optional<uint64_t> seed;
   bool json = false;
   bool ignore_eos = false;
-  std::string device = "auto";
   std::string mla_mode = "auto";
 };
 
@@ -50,102 +49,79 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   return ids;
 }
 
-std::unique_ptr<Backend> choose_backend(const std::string& device) {
-  if (device == "cpu") return make_cpu_backend();
-  std::unique_ptr<Backend> cuda = make_cuda_backend(size_t(1) << 30);
-  if (cuda) return cuda;
-  MLA_CHECK(device != "cuda", "--device cuda: no CUDA backend (built without CUDA, or no GPU present)");
-  return make_cpu_backend();
-}
-
 MlaMode parse_mla_mode(const std::string& s) {
   if (s == "absorbed") return MlaMode::Absorbed;
   if (s == "expanded") return MlaMode::Expanded;
   return MlaMode::Auto;
 }
 
-int run_generate(const GenerateOptions& o) {
-  using Clock = std::chrono::steady_clock;
+int run_generate(GenerateOptions o) {
   MLA_CHECK(o.prompt.empty() != o.input_ids.empty(), "give exactly one of --prompt and --input-ids");
-  const Checkpoint ckpt = Checkpoint::open(o.model_path);
-  std::optional<tokenizer::Tokenizer> tok;
-  if (!o.prompt.empty() || std::filesystem::exists(std::filesystem::path(o.model_path) / "tokenizer.json"))
-    tok = tokenizer::Tokenizer::load(o.model_path);
-  const std::vector<int32_t> prompt_ids = o.prompt.empty() ? parse_ids(o.input_ids) : tok->encode(o.prompt, true);
+  o.engine.mla_mode = parse_mla_mode(o.mla_mode);
+  o.engine.max_running_requests = 1;
+  runtime::LoadedEngine loaded(o.engine);
+  const ModelConfig& c = loaded.config();
+  const std::vector<int32_t> prompt_ids =
+      o.prompt.empty() ? parse_ids(o.input_ids) : loaded.tokenizer().encode(o.prompt, true);
   MLA_CHECK(!prompt_ids.empty(), "the prompt encodes to no tokens");
-
-  std::unique_ptr<Backend> backend = choose_backend(o.device);
-  ModelOptions mo;
-  mo.mla_mode = parse_mla_mode(o.mla_mode);
-  mo.load_mtp = false;
-  DeepseekModel model(ckpt, *backend, mo);
-  const ModelConfig& c = model.config();
   for (int32_t id : prompt_ids)
     MLA_CHECK(id < c.vocab_size, "token id {} is outside the model's vocabulary of {}", id, c.vocab_size);
 
-  const int total = int(prompt_ids.size()) + o.max_new_tokens;
-  std::vector<Tensor> cache = allocate_kv_cache(*backend, c, total);
-  runtime::SamplingParams sp;
+  runtime::GenerateRequest req;
+  req.input_ids = prompt_ids;
+  runtime::SamplingParams& sp = req.params;
   sp.temperature = o.temperature;
   sp.top_p = o.top_p;
   sp.top_k = o.top_k;
   sp.seed = o.seed;
   sp.max_new_tokens = o.max_new_tokens;
-  sp.validate();
-  runtime::Rng rng(o.seed.value_or(uint64_t(Clock::now().time_since_epoch().count())));
-  runtime::TokenHistory history;
-  history.add_prompt(prompt_ids);
-  int32_t eos = tok && tok->eos_id() >= 0 ? tok->eos_id() : c.eos_token_id.value_or(-1);
+  sp.ignore_eos = o.ignore_eos;
 
-  auto next_token = [&](const ForwardBatch& batch) {
-    Tensor logits = backend->to_host(model.forward(batch, cache));
-    return runtime::sample_token({logits.data<float>(), size_t(logits.numel())}, sp, history, rng).id;
+  // Timestamps of the first and the last token: the first comes from the
+  // prefill, the rest from decode steps.
+  std::optional<Clock::time_point> t_first;
+  Clock::time_point t_last;
+  if (!o.json && !o.prompt.empty()) fmt::print("{}", o.prompt);
+  req.on_output = [&](runtime::RequestOutput&& out) {
+    if (!out.token_ids.empty()) {
+      t_last = Clock::now();
+      if (!t_first) t_first = t_last;
+    }
+    if (!o.json) {
+      fmt::print("{}", out.text);
+      std::fflush(stdout);
+    }
   };
-
-  std::vector<int32_t> output;
   const auto t0 = Clock::now();
-  int32_t token = next_token(contiguous_sequence_batch(prompt_ids, 0, false));
-  const auto t_prefill = Clock::now();
-  while (o.max_new_tokens > 0) {
-    output.push_back(token);
-    history.add_output(token);
-    if ((token == eos && !o.ignore_eos) || int(output.size()) == o.max_new_tokens) break;
-    const int32_t pos = int32_t(prompt_ids.size() + output.size() - 1);
-    token = next_token(contiguous_sequence_batch(std::span<const int32_t>(&token, 1), pos, false));
-  }
-  const auto t_end = Clock::now();
-  const double prefill_s = std::chrono::duration<double>(t_prefill - t0).count();
-  const double decode_s = std::chrono::duration<double>(t_end - t_prefill).count();
-  // Decode rate: tokens produced by decode steps over their time (the first
-  // token comes from the prefill).
-  const double tokens_per_s = output.size() > 1 ? double(output.size() - 1) / decode_s : 0.0;
-  const std::string text = tok ? tok->decode(output, true) : "";
+  runtime::GenerateResult result = std::move(loaded.engine().generate({std::move(req)}).at(0));
+  const runtime::RequestOutput& fin = result.final_output;
+  MLA_CHECK(fin.finish != runtime::FinishReason::Abort, "generation aborted: {}", fin.abort_message);
 
+  const size_t n = result.output_ids.size();
+  const double prefill_s = t_first ? std::chrono::duration<double>(*t_first - t0).count() : 0.0;
+  const double decode_s = t_first ? std::chrono::duration<double>(t_last - *t_first).count() : 0.0;
+  const double tokens_per_s = n > 1 && decode_s > 0 ? double(n - 1) / decode_s : 0.0;
   if (o.json) {
     nlohmann::json j = {{"input_ids", prompt_ids},
-                        {"output_ids", output},
-                        {"text", text},
+                        {"output_ids", result.output_ids},
+                        {"text", result.text},
+                        {"finish_reason", runtime::finish_reason_name(fin.finish)},
                         {"tokens_per_s", tokens_per_s},
                         {"prefill_s", prefill_s}};
     fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
-    if (tok) {
-      fmt::print("{}{}\n", o.prompt.empty() ? "" : o.prompt, text);
-    } else {
-      fmt::print("{}\n", nlohmann::json(output).dump());
-    }
-    fmt::print(stderr, "[{}] prompt {} tokens, prefill {:.1f} ms ({:.1f} tok/s); decode {} tokens, {:.2f} tok/s\n",
-               backend->name(), prompt_ids.size(), prefill_s * 1e3, double(prompt_ids.size()) / prefill_s,
-               output.size(), tokens_per_s);
+    fmt::print("\n");
+    fmt::print(stderr, "[{}] prompt {} tokens, first token after {:.1f} ms; decode {} tokens, {:.2f} tok/s\n",
+               loaded.backend().name(), prompt_ids.size(), prefill_s * 1e3, n, tokens_per_s);
   }
   return 0;
 }
 
 CommandRegistration generate_command(
-    "generate", "generate a continuation of one prompt (prefill + incremental decode)", [](CLI::App& app) {
+    "generate", "generate a continuation of one prompt through the offline engine", [](CLI::App& app) {
       auto o = std::make_shared<GenerateOptions>();
       auto seed = std::make_shared<uint64_t>(0);
-      app.add_option("--model-path", o->model_path, "checkpoint directory")->capture_default_str();
+      app.add_option("--model-path", o->engine.model_path, "checkpoint directory")->capture_default_str();
       app.add_option("--prompt", o->prompt, "prompt text (tokenized with the model's tokenizer, BOS added)");
       app.add_option("--input-ids", o->input_ids, "prompt as comma-separated token ids, e.g. 0,1,2");
       app.add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate")
@@ -156,8 +132,9 @@ CommandRegistration generate_command(
       app.add_option("--top-k", o->top_k, "<= 0: all tokens")->capture_default_str();
       auto* seed_opt = app.add_option("--seed", *seed, "sampling seed");
       app.add_flag("--ignore-eos", o->ignore_eos, "keep generating past the end-of-sequence token");
-      app.add_flag("--json", o->json, "print one JSON object {input_ids, output_ids, text, tokens_per_s}");
-      app.add_option("--device", o->device, "cpu, cuda or auto")
+      app.add_flag("--json", o->json,
+                   "print one JSON object {input_ids, output_ids, text, finish_reason, tokens_per_s}");
+      app.add_option("--device", o->engine.device, "cpu, cuda or auto")
           ->capture_default_str()
           ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
       app.add_option("--mla-mode", o->mla_mode, "auto (expanded prefill, absorbed decode), absorbed or expanded")

@@ -22,6 +22,7 @@ LoadedEngine::LoadedEngine(const EngineArgs& a)
   backend_ = choose_backend(a.device);
   ModelOptions mo;
   mo.load_mtp = false;
+  mo.mla_mode = a.mla_mode;
   model_ = std::make_unique<DeepseekModel>(checkpoint_, *backend_, mo);
   tokenizer_ = tokenizer::Tokenizer::load(a.model_path);
   const ModelConfig& c = model_->config();

@@ -18,6 +18,7 @@ namespace mlaserve::runtime {
 struct EngineArgs {
   std::string model_path = "models/tiny";
   std::string device = "auto";  // cpu | cuda | auto
+  MlaMode mla_mode = MlaMode::Auto;
   std::optional<double> mem_fraction_static;
   std::optional<int64_t> max_total_tokens;
   int max_running_requests = 256;
