@@ -135,6 +135,12 @@ void ApiServer::dispatch(HttpRequest& req, const std::shared_ptr<HttpResponder>&
   } else if (p == "/generate") {
     need("POST");
     prepare_async(http, [this, body = std::move(req.body)] { return prepare_native(body); });
+  } else if (p == "/tokenize") {
+    need("POST");
+    respond_async(http, [this, body = std::move(req.body)] { return tokenize(body); });
+  } else if (p == "/detokenize") {
+    need("POST");
+    respond_async(http, [this, body = std::move(req.body)] { return detokenize(body); });
   } else if (p == "/v1/models") {
     need("GET");
     nlohmann::json model = {{"id", options_.served_model_name},
@@ -227,6 +233,67 @@ void ApiServer::prepare_async(const std::shared_ptr<HttpResponder>& http,
       });
     });
   });
+}
+
+void ApiServer::respond_async(const std::shared_ptr<HttpResponder>& http, std::function<std::string()> compute) {
+  workers_.submit([this, http, compute = std::move(compute)] {
+    std::string body;
+    std::exception_ptr error;
+    try {
+      body = compute();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    http->post([this, http, body = std::move(body), error] {
+      guarded(http, [&] {
+        if (error) std::rethrow_exception(error);
+        http->respond(200, body, "application/json", {});
+      });
+    });
+  });
+}
+
+std::string ApiServer::tokenize(const std::string& raw) const {
+  Json body = parse_body(raw);
+  const bool add_special = bool_field(body, "add_special_tokens").value_or(false);
+  auto it = body.find("prompt");
+  if (it == body.end() || !(it->is_string() || it->is_array()))
+    throw ApiError(400, "'prompt' must be a string or an array of strings", "prompt");
+  auto encode = [&](const Json& text) {
+    if (!text.is_string()) throw ApiError(400, "'prompt' must be a string or an array of strings", "prompt");
+    return tokenizer_.encode(text.get_ref<const std::string&>(), add_special);
+  };
+  nlohmann::json out;
+  if (it->is_string()) {
+    std::vector<int32_t> ids = encode(*it);
+    out = {{"tokens", ids}, {"count", ids.size()}};
+  } else {
+    nlohmann::json tokens = nlohmann::json::array(), counts = nlohmann::json::array();
+    for (const Json& text : *it) {
+      std::vector<int32_t> ids = encode(text);
+      counts.push_back(ids.size());
+      tokens.push_back(std::move(ids));
+    }
+    out = {{"tokens", tokens}, {"count", counts}};
+  }
+  out["max_model_len"] = engine_.config().scheduler.context_length;
+  return dump(out);
+}
+
+std::string ApiServer::detokenize(const std::string& raw) const {
+  Json body = parse_body(raw);
+  std::optional<std::vector<int32_t>> ids = token_ids_field(body, "tokens");
+  if (!ids) throw ApiError(400, "'tokens' (an array of token ids) is required", "tokens");
+  // Ids the model can produce but the tokenizer lacks decode to nothing, as
+  // in HF tokenizers; ids beyond the model's vocabulary are a client error.
+  for (size_t i = 0; i < ids->size(); ++i)
+    if ((*ids)[i] >= engine_.vocab_size())
+      throw ApiError(400,
+                     fmt::format("'tokens'[{}] = {} is outside the model's vocabulary of {}", i, (*ids)[i],
+                                 engine_.vocab_size()),
+                     "tokens");
+  const bool skip_special = bool_field(body, "skip_special_tokens").value_or(false);
+  return dump(nlohmann::json{{"text", tokenizer_.decode(*ids, skip_special)}});
 }
 
 std::shared_ptr<ApiServer::Job> ApiServer::prepare_chat(const std::string& raw) const {

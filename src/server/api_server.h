@@ -56,6 +56,12 @@ class ApiServer {
   std::shared_ptr<Job> prepare_chat(const std::string& body) const;
   std::shared_ptr<Job> prepare_completion(const std::string& body) const;
   std::shared_ptr<Job> prepare_native(const std::string& body) const;
+  // Answers on a worker thread with the JSON `compute` returns (or its error).
+  void respond_async(const std::shared_ptr<HttpResponder>& responder, std::function<std::string()> compute);
+  // POST /tokenize and /detokenize (SGLang's shapes): plain encoding by default,
+  // what `mlaserve tokenize` / `detokenize` print.
+  std::string tokenize(const std::string& body) const;
+  std::string detokenize(const std::string& body) const;
   void health_generate(const std::shared_ptr<HttpResponder>& responder);
   void flush_cache(const std::shared_ptr<HttpResponder>& responder);
   void start(const std::shared_ptr<Job>& job);

@@ -52,6 +52,30 @@ def main():
             assert status == 200, out
             assert out["output_ids"] == seq["greedy"], (out["output_ids"], seq["greedy"])
 
+    def tokenize_matches_hf_tokenizers():
+        # Ids and decodes made by Hugging Face tokenizers (tests/data/tokenizer).
+        with open(os.path.join(ROOT, "tests/data/tokenizer/golden.jsonl")) as f:
+            golden = [json.loads(line) for line in f][:300]
+        status, out = s.post_json("/tokenize", {"prompt": [g["text"] for g in golden]})
+        assert status == 200, out
+        assert out["tokens"] == [g["ids"] for g in golden] and out["count"] == [len(g["ids"]) for g in golden]
+        status, one = s.post_json("/tokenize", {"prompt": golden[20]["text"]})
+        assert status == 200 and one["tokens"] == golden[20]["ids"] and one["max_model_len"] > 0, one
+        with open(os.path.join(ROOT, "tests/data/tokenizer/golden_decode.jsonl")) as f:
+            # The API refuses ids beyond the model's vocabulary (HF would drop them).
+            cases = [c for c in map(json.loads, f) if max(c["ids"], default=0) < 129280][:100]
+        assert len(cases) >= 50, len(cases)
+        for case in cases:
+            status, out = s.post_json("/detokenize", {"tokens": case["ids"],
+                                                      "skip_special_tokens": case["skip_special_tokens"]})
+            assert status == 200 and out["text"] == case["text"], (case, out)
+        for bad in ({"prompt": 5}, {"prompt": ["ok", 7]}, {}):
+            status, err = s.post_json("/tokenize", bad)
+            assert status == 400 and err["error"]["param"] == "prompt", (bad, err)
+        for bad in ({"tokens": [-1]}, {"tokens": "abc"}, {"tokens": [10**9]}, {}):
+            status, err = s.post_json("/detokenize", bad)
+            assert status == 400 and err["error"]["param"] == "tokens", (bad, err)
+
     def chat_non_stream():
         status, r = s.post_json("/v1/chat/completions", {
             "model": "tiny", "messages": [{"role": "system", "content": "Be brief."},
@@ -209,7 +233,8 @@ def main():
                      ("echo_and_zero_tokens", echo_and_zero_tokens),
                      ("cached_prefix_is_reported_and_faster", cached_prefix_is_reported_and_faster),
                      ("native_generate_stream", native_generate_stream),
-                     ("operational_endpoints", operational_endpoints)]:
+                     ("operational_endpoints", operational_endpoints),
+                     ("tokenize_matches_hf_tokenizers", tokenize_matches_hf_tokenizers)]:
         c.run(name, fn)
     rc = s.stop()
     c.run("clean_exit", lambda: rc == 0 or (_ for _ in ()).throw(AssertionError(f"exit code {rc}\n{s.log()}")))
