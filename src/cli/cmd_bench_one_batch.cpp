@@ -26,6 +26,7 @@ using Clock = std::chrono::steady_clock;
 struct BenchOneBatchOptions {
   std::string model_path = "models/tiny";
   std::string device = "auto";
+  bool disable_cuda_graph = false;
   int batch_size = 1;
   int input_len = 1024;
   int output_len = 16;
@@ -69,7 +70,12 @@ int run_bench_one_batch(const BenchOneBatchOptions& o) {
   DeepseekModel model(ckpt, *backend, mo);
   const ModelConfig& c = model.config();
   const int slots_per_seq = o.input_len + o.output_len;
-  runtime::DeepseekModelRunner runner(model, o.batch_size * slots_per_seq);
+  // Decode steps replay a CUDA graph of this batch size, as serving does.
+  runtime::CudaGraphSettings graphs;
+  graphs.enabled = !o.disable_cuda_graph && backend->device() == Device::CUDA;
+  graphs.batch_sizes = {o.batch_size};
+  graphs.max_kv_len = slots_per_seq;
+  runtime::DeepseekModelRunner runner(model, o.batch_size * slots_per_seq, graphs);
 
   runtime::Rng rng(o.seed);
   std::vector<std::vector<int32_t>> prompts(size_t(o.batch_size));
@@ -143,6 +149,7 @@ CommandRegistration bench_one_batch_command(
     "bench-one-batch", "latency and throughput of one static batch (prefill, then decode)", [](CLI::App& app) {
       auto o = std::make_shared<BenchOneBatchOptions>();
       app.add_option("--model-path", o->model_path, "checkpoint directory")->capture_default_str();
+      app.add_flag("--disable-cuda-graph", o->disable_cuda_graph, "run decode steps eagerly on CUDA");
       app.add_option("--device", o->device, "cpu, cuda or auto")
           ->capture_default_str()
           ->check(CLI::IsMember({"cpu", "cuda", "auto"}));

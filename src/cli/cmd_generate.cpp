@@ -137,6 +137,7 @@ CommandRegistration generate_command(
       app.add_option("--device", o->engine.device, "cpu, cuda or auto")
           ->capture_default_str()
           ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+      app.add_flag("--disable-cuda-graph", o->engine.disable_cuda_graph, "run decode steps eagerly on CUDA");
       app.add_option("--mla-mode", o->mla_mode, "auto (expanded prefill, absorbed decode), absorbed or expanded")
           ->capture_default_str()
           ->check(CLI::IsMember({"auto", "absorbed", "expanded"}));

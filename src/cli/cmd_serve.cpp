@@ -139,6 +139,12 @@ CommandRegistration serve_command("serve", "serve the OpenAI-compatible HTTP API
       ->capture_default_str()
       ->check(CLI::IsMember({"fcfs", "lpm"}));
   app.add_flag("--disable-radix-cache", e.disable_radix_cache, "no prefix reuse");
+  app.add_flag("--disable-cuda-graph", e.disable_cuda_graph, "run decode steps eagerly on CUDA");
+  app.add_option("--cuda-graph-max-bs", e.cuda_graph_max_bs, "largest decode batch captured in a CUDA graph")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--cuda-graph-bs", e.cuda_graph_bs, "decode batch sizes to capture (default 1,2,4,8,16,...)")
+      ->delimiter(',');
   app.add_option("--reasoning-parser", o->reasoning_parser, "deepseek-r1 or deepseek-v3: split reasoning_content");
   app.add_option("--tool-call-parser", o->tool_call_parser, "deepseekv3, deepseekv31 or deepseekv32");
   app.add_option("--chat-template", o->chat_template, "v3, r1, v31 or v32 (default: from the model)");

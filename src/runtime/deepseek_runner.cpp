@@ -4,8 +4,25 @@
 
 namespace mlaserve::runtime {
 
-DeepseekModelRunner::DeepseekModelRunner(DeepseekModel& model, int num_slots)
-    : model_(model), kv_cache_(allocate_kv_cache(model.backend(), model.config(), num_slots)) {}
+DeepseekModelRunner::DeepseekModelRunner(DeepseekModel& model, int num_slots, const CudaGraphSettings& graphs)
+    : model_(model) {
+  const bool want_graphs = graphs.enabled && !graphs.batch_sizes.empty();
+  // One extra row past the scheduler's slots: the padding sequences of a
+  // replayed graph write and read there, never touching a real request.
+  kv_cache_ = allocate_kv_cache(model.backend(), model.config(), num_slots + (want_graphs ? 1 : 0));
+  if (want_graphs) {
+    DecodeGraphOptions opt;
+    opt.batch_sizes = graphs.batch_sizes;
+    opt.max_kv_len = graphs.max_kv_len;
+    opt.scratch_slot = num_slots;
+    graphs_ = make_decode_graph_runner(model.backend(), opt,
+                                       [this](const ForwardBatch& b) { return model_.forward(b, kv_cache_); });
+  }
+}
+
+std::vector<int> DeepseekModelRunner::graph_batch_sizes() const {
+  return graphs_ ? graphs_->captured_batch_sizes() : std::vector<int>{};
+}
 
 Tensor DeepseekModelRunner::forward(const ForwardBatch& batch) {
   Backend& backend = model_.backend();
@@ -18,7 +35,17 @@ Tensor DeepseekModelRunner::forward(const ForwardBatch& batch) {
     backend.synchronize();
     return Tensor::empty({0, vocab_size()}, DType::F32);
   }
+  if (graphs_ && graphs_->can_replay(batch)) return backend.to_host(graphs_->replay(batch));
   return backend.to_host(model_.forward(batch, kv_cache_));
+}
+
+std::vector<int> default_cuda_graph_batch_sizes(int max_bs) {
+  std::vector<int> sizes;
+  for (int bs : {1, 2, 4})
+    if (bs <= max_bs) sizes.push_back(bs);
+  for (int bs = 8; bs <= max_bs; bs += 8) sizes.push_back(bs);
+  if (max_bs >= 1 && sizes.back() != max_bs) sizes.push_back(max_bs);
+  return sizes;
 }
 
 }  // namespace mlaserve::runtime

@@ -1,22 +1,38 @@
 #pragma once
 // The real model behind the runtime: DeepseekModel over a paged latent cache
 // of num_pages * page_size slots per layer, allocated once at start-up.
+// On CUDA, decode steps replay captured graphs (--cuda-graph-bs); prefill
+// and mixed steps run eagerly.
+#include <memory>
 #include <vector>
 
+#include "kernels/cuda/cuda_graph_runner.h"
 #include "model/deepseek_model.h"
 #include "runtime/model_runner.h"
 
 namespace mlaserve::runtime {
 
+struct CudaGraphSettings {
+  bool enabled = true;
+  std::vector<int> batch_sizes;  // captured decode batch sizes
+  int max_kv_len = 4096;         // longest context a replayed sequence may have
+};
+
 class DeepseekModelRunner : public ModelRunner {
  public:
-  DeepseekModelRunner(DeepseekModel& model, int num_slots);
+  DeepseekModelRunner(DeepseekModel& model, int num_slots, const CudaGraphSettings& graphs = {false, {}, 0});
   int vocab_size() const override { return model_.config().vocab_size; }
   Tensor forward(const ForwardBatch& batch) override;
+  // Batch sizes with a captured decode graph (empty: eager only).
+  std::vector<int> graph_batch_sizes() const;
 
  private:
   DeepseekModel& model_;
   std::vector<Tensor> kv_cache_;
+  std::unique_ptr<DecodeGraphRunner> graphs_;
 };
+
+// SGLang's default capture list up to max_bs: 1, 2, 4, 8, then every 8.
+std::vector<int> default_cuda_graph_batch_sizes(int max_bs);
 
 }  // namespace mlaserve::runtime

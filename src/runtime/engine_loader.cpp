@@ -1,6 +1,9 @@
 #include "runtime/engine_loader.h"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
+
+#include <algorithm>
 
 #include "runtime/deepseek_runner.h"
 #include "runtime/detokenizer_stream.h"
@@ -52,7 +55,16 @@ LoadedEngine::LoadedEngine(const EngineArgs& a)
   s.enable_radix_cache = !a.disable_radix_cache;
   if (eos_id_ >= 0) s.eos_token_ids = {eos_id_};
   ec.max_queued_requests = a.max_queued_requests;
-  auto runner = std::make_unique<DeepseekModelRunner>(*model_, int(kv_.tokens));
+  CudaGraphSettings graphs;
+  graphs.enabled = !a.disable_cuda_graph && backend_->device() == Device::CUDA;
+  graphs.batch_sizes = a.cuda_graph_bs.empty() ? default_cuda_graph_batch_sizes(
+                                                     std::min(a.cuda_graph_max_bs, a.max_running_requests))
+                                               : a.cuda_graph_bs;
+  graphs.max_kv_len = int(std::min<int64_t>(s.context_length, kv_.tokens));
+  auto runner = std::make_unique<DeepseekModelRunner>(*model_, int(kv_.tokens), graphs);
+  graph_batch_sizes_ = runner->graph_batch_sizes();
+  if (!graph_batch_sizes_.empty())
+    spdlog::info("CUDA graphs captured for decode batch sizes {}", fmt::join(graph_batch_sizes_, ","));
   engine_ = std::make_unique<Engine>(std::move(runner), ec, detokenizer_streams(*tokenizer_));
 }
 

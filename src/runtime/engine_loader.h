@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "io/checkpoint.h"
 #include "kernels/backend.h"
@@ -28,6 +29,10 @@ struct EngineArgs {
   std::string schedule_policy = "fcfs";
   bool disable_radix_cache = false;
   int max_queued_requests = 4096;
+  // CUDA graphs for decode steps (SGLang's flags); ignored on CPU.
+  bool disable_cuda_graph = false;
+  int cuda_graph_max_bs = 64;
+  std::vector<int> cuda_graph_bs;  // empty: 1, 2, 4, 8, 16, ... up to cuda_graph_max_bs
 };
 
 class LoadedEngine {
@@ -42,6 +47,7 @@ class LoadedEngine {
   const KvCapacity& kv() const { return kv_; }
   const std::string& model_path() const { return model_path_; }
   int32_t eos_id() const { return eos_id_; }
+  const std::vector<int>& cuda_graph_batch_sizes() const { return graph_batch_sizes_; }
 
  private:
   std::string model_path_;
@@ -51,6 +57,7 @@ class LoadedEngine {
   std::optional<tokenizer::Tokenizer> tokenizer_;
   KvCapacity kv_;
   int32_t eos_id_ = -1;
+  std::vector<int> graph_batch_sizes_;
   std::unique_ptr<Engine> engine_;
 };
 
