@@ -10,7 +10,7 @@
 3. bench-one-batch --device cuda with graphs on and off (v2-lite width, few
    layers) to show what the graphs buy on the engine path.
 
-Usage: python3 scripts/device/engine_check.py BIN WORKDIR [--bench-layers N]
+Usage: python3 scripts/device/engine_check.py BIN WORKDIR [--bench-layers N] [--bench-only]
 """
 import argparse
 import http.client
@@ -127,7 +127,7 @@ def serve(binary, work):
     return ok and rc == 0
 
 
-def bench(binary, work, layers):
+def bench(binary, work, layers, output_len):
     model = os.path.join(work, "v2lite")
     if not os.path.exists(os.path.join(model, "config.json")):
         t = time.time()
@@ -136,8 +136,12 @@ def bench(binary, work, layers):
     for bs in (1, 8, 64):
         for graphs in (True, False):
             cmd = [binary, "bench-one-batch", "--device", "cuda", "--model-path", model, "--batch-size", str(bs),
-                   "--input-len", "512", "--output-len", "64"] + ([] if graphs else ["--disable-cuda-graph"])
-            out = run(cmd).stdout.strip().splitlines()
+                   "--input-len", "512", "--output-len", str(output_len)] + ([] if graphs else ["--disable-cuda-graph"])
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                print(f"bench-one-batch bs {bs} failed: {proc.stderr.strip()[-300:]}", flush=True)
+                continue
+            out = proc.stdout.strip().splitlines()
             lines = [l for l in out if l.startswith(("Prefill.", "Decode.  median", "Decode step reads"))]
             print(f"bench-one-batch v2-lite x{layers} bs {bs} graphs={'on ' if graphs else 'off'}: "
                   + " | ".join(lines), flush=True)
@@ -148,12 +152,16 @@ def main():
     ap.add_argument("binary")
     ap.add_argument("work")
     ap.add_argument("--bench-layers", type=int, default=4)
+    ap.add_argument("--bench-output-len", type=int, default=64)
+    ap.add_argument("--bench-only", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
-    ok = golden_generate(a.binary, a.work)
-    ok &= serve(a.binary, a.work)
+    ok = True
+    if not a.bench_only:
+        ok &= golden_generate(a.binary, a.work)
+        ok &= serve(a.binary, a.work)
     if a.bench_layers > 0:
-        bench(a.binary, a.work, a.bench_layers)
+        bench(a.binary, a.work, a.bench_layers, a.bench_output_len)
     print("ENGINE CHECK", "PASSED" if ok else "FAILED")
     sys.exit(0 if ok else 1)
 

@@ -1,6 +1,7 @@
 #include "kernels/cuda/cuda_graph_runner.h"
 
 #include <cuda_runtime_api.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cstring>
@@ -22,7 +23,18 @@ class CudaDecodeGraphRunner final : public DecodeGraphRunner {
                                options_.batch_sizes.end());
     MLA_CHECK(!options_.batch_sizes.empty() && options_.batch_sizes.front() >= 1 && options_.max_kv_len >= 1,
               "cuda graphs: need batch sizes >= 1 and max_kv_len >= 1");
-    for (int bs : options_.batch_sizes) capture(bs);
+    // A size whose capture fails (e.g. an allocation the warm-up did not
+    // make) runs eagerly instead of taking the whole process down.
+    std::vector<int> captured;
+    for (int bs : options_.batch_sizes) {
+      try {
+        capture(bs);
+        captured.push_back(bs);
+      } catch (const Error& e) {
+        spdlog::warn("cuda graphs: batch size {} not captured, it runs eagerly: {}", bs, e.what());
+      }
+    }
+    options_.batch_sizes = std::move(captured);
   }
 
   ~CudaDecodeGraphRunner() override {
@@ -35,7 +47,9 @@ class CudaDecodeGraphRunner final : public DecodeGraphRunner {
 
   bool can_replay(const ForwardBatch& b) const override {
     const int n = b.num_seqs();
-    if (n < 1 || n > options_.batch_sizes.back() || !b.is_decode() || int(b.logit_rows.size()) != n) return false;
+    if (n < 1 || options_.batch_sizes.empty() || n > options_.batch_sizes.back() || !b.is_decode() ||
+        int(b.logit_rows.size()) != n)
+      return false;
     for (int i = 0; i < n; ++i) {
       if (b.logit_rows[i] != i) return false;
       if (b.kv_indptr[i + 1] - b.kv_indptr[i] > options_.max_kv_len) return false;
