@@ -131,6 +131,9 @@ class CudaDecodeGraphRunner final : public DecodeGraphRunner {
         cudaGraph_t broken = nullptr;
         cudaStreamEndCapture(stream, &broken);
         if (broken) cudaGraphDestroy(broken);
+        // The invalidated capture leaves its error pending; the next launch
+        // check would report it as that launch's failure.
+        cudaGetLastError();
         throw;
       }
       cudaGraph_t graph = nullptr;
