@@ -7,6 +7,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/fp8_quant.h"
+#include "kernels/cuda/moe_align.cuh"
 
 namespace mlaserve::cuda {
 namespace {
@@ -111,36 +112,6 @@ Workspace carve(void* base, const Fp8MoeParams& p, const MoeShape& s) {
   return w;
 }
 
-// Counting sort of the assignments by expert in one block; each expert's
-// run starts on a block_m boundary; pads hold the sentinel `assignments`.
-__global__ void fp8_moe_align_kernel(const int32_t* topk_ids, int assignments, int num_experts, int block_m,
-                                     int max_rows, int32_t* sorted_ids, int32_t* chunk_expert,
-                                     int32_t* rows_in_use, int32_t* position) {
-  extern __shared__ int32_t sh[];
-  int32_t* count = sh;                         // [E]
-  int32_t* offset = count + num_experts;       // [E + 1]
-  int32_t* cursor = offset + num_experts + 1;  // [E]
-  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) count[e] = cursor[e] = 0;
-  for (int i = threadIdx.x; i < max_rows; i += blockDim.x) sorted_ids[i] = assignments;
-  __syncthreads();
-  for (int i = threadIdx.x; i < assignments; i += blockDim.x) atomicAdd(&count[topk_ids[i]], 1);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    offset[0] = 0;
-    for (int e = 0; e < num_experts; ++e) offset[e + 1] = offset[e] + (count[e] + block_m - 1) / block_m * block_m;
-    *rows_in_use = offset[num_experts];
-  }
-  __syncthreads();
-  for (int e = threadIdx.x; e < num_experts; e += blockDim.x)
-    for (int c = offset[e] / block_m; c < offset[e + 1] / block_m; ++c) chunk_expert[c] = e;
-  for (int i = threadIdx.x; i < assignments; i += blockDim.x) {
-    const int e = topk_ids[i];
-    const int pos = offset[e] + atomicAdd(&cursor[e], 1);
-    sorted_ids[pos] = i;
-    position[i] = pos;
-  }
-}
-
 __global__ void fp8_moe_combine_kernel(const __nv_bfloat16* down, const int32_t* position, const float* weights,
                                        const __nv_bfloat16* addend, int top_k, int hidden, __nv_bfloat16* out) {
   const int64_t t = blockIdx.x;
@@ -191,7 +162,7 @@ void fp8_moe_experts(const Fp8MoeParams& p, void* workspace, cudaStream_t stream
 
   quantize_fp8_act(p.x, p.num_tokens, p.hidden, p.hidden, w.x_q, w.x_scale, s.x_scale_ld, stream);
   const size_t align_smem = size_t(3 * p.num_experts + 1) * sizeof(int32_t);
-  fp8_moe_align_kernel<<<1, 1024, align_smem, stream>>>(p.topk_ids, s.assignments, p.num_experts, s.block_m,
+  moe_align_kernel<<<1, 1024, align_smem, stream>>>(p.topk_ids, s.assignments, p.num_experts, s.block_m,
                                                          s.max_rows, w.sorted_ids, w.chunk_expert, w.rows_in_use,
                                                          w.position);
   check_launch("fp8 moe align");
