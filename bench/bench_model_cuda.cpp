@@ -280,6 +280,9 @@ class OpTimingBackend final : public Backend {
   void moe_experts(const Tensor& x, const ExpertWeights& e, const Tensor& i, const Tensor& w, Tensor o) override {
     timed("moe_experts", [&] { in_.moe_experts(x, e, i, w, o); });
   }
+  void argmax_rows(const Tensor& logits, Tensor ids) override {
+    timed("argmax_rows", [&] { in_.argmax_rows(logits, ids); });
+  }
 
   void enable(bool on) { enabled_ = on; }
 

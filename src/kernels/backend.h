@@ -154,6 +154,10 @@ class Backend {
   // expert(x) = down(silu(gate(x)) * up(x)).
   virtual void moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids,
                            const Tensor& topk_weights, Tensor out) = 0;
+
+  // ids{R} I32 = argmax of each row of logits{R, V} F32, the lowest index on
+  // ties (the host sampler's greedy rule): greedy steps copy only the ids.
+  virtual void argmax_rows(const Tensor& logits, Tensor ids) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -434,5 +434,40 @@ TEST_F(CpuOpsTest, PrepareBatchRejectsInconsistentBatches) {
   EXPECT_THROW(be->prepare_batch(b), Error);
 }
 
+TEST_F(CpuOpsTest, ArgmaxRowsTakesTheLowestIndexOfTies) {
+  // Few distinct values, so most rows hold their maximum more than once.
+  const int64_t R = 24, V = 1000;
+  Tensor logits = Tensor::empty({R, V}, DType::F32);
+  std::uniform_int_distribution<int> level(-4, 4);
+  for (int64_t i = 0; i < R * V; ++i) logits.data<float>()[i] = 0.5f * float(level(rng));
+  // Row 0: all equal; row 1: the maximum only at the last index.
+  std::fill_n(logits.data<float>(), V, 1.0f);
+  std::fill_n(logits.data<float>() + V, V, -3.0f);
+  logits.data<float>()[2 * V - 1] = -1.0f;
+  Tensor ids = Tensor::empty({R}, DType::I32);
+  be->argmax_rows(logits, ids);
+  int rows_with_ties = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    const float* row = logits.data<float>() + r * V;
+    int64_t best = 0, count = 0;
+    for (int64_t v = 1; v < V; ++v)
+      if (row[v] > row[best]) best = v;
+    for (int64_t v = 0; v < V; ++v) count += row[v] == row[best];
+    rows_with_ties += count > 1;
+    EXPECT_EQ(ids.data<int32_t>()[r], best) << "row " << r;
+  }
+  EXPECT_EQ(ids.data<int32_t>()[0], 0);
+  EXPECT_EQ(ids.data<int32_t>()[1], V - 1);
+  EXPECT_GT(rows_with_ties, R / 2);
+}
+
+TEST_F(CpuOpsTest, ArgmaxRowsRejectsMismatchedShapes) {
+  Tensor logits = random_f32({3, 10});
+  Tensor ids = Tensor::empty({2}, DType::I32);
+  EXPECT_THROW(be->argmax_rows(logits, ids), Error);
+  Tensor f32_ids = Tensor::empty({3}, DType::F32);
+  EXPECT_THROW(be->argmax_rows(logits, f32_ids), Error);
+}
+
 }  // namespace
 }  // namespace mlaserve

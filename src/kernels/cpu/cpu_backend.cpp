@@ -3,6 +3,7 @@
 // each task so the two never oversubscribe the cores).
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -297,6 +298,18 @@ class CpuBackend final : public Backend {
     check_f32(x, "moe_experts", "x");
     check_f32(out, "moe_experts", "out");
     cpu::moe_experts(x, experts, topk_ids, topk_weights, out);
+  }
+
+  void argmax_rows(const Tensor& logits, Tensor ids) override {
+    check_f32(logits, "argmax_rows", "logits");
+    check_i32(ids, "argmax_rows", "ids");
+    MLA_CHECK(logits.ndim() == 2 && logits.dim(1) > 0 && ids.numel() == logits.dim(0),
+              "argmax_rows: {} ids for logits {}", ids.numel(), shape_str(logits.shape()));
+    const int64_t V = logits.dim(1);
+    for (int64_t r = 0; r < logits.dim(0); ++r) {
+      const float* row = logits.data<float>() + r * V;
+      ids.data<int32_t>()[r] = int32_t(std::max_element(row, row + V) - row);  // first of equal maxima
+    }
   }
 };
 

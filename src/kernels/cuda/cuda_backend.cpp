@@ -15,6 +15,7 @@
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_router.h"
 #include "kernels/cuda/rope.h"
+#include "kernels/cuda/sampling.h"
 #include "kernels/cuda/skinny_gemm.h"
 
 namespace mlaserve {
@@ -496,6 +497,14 @@ void CudaBackend::moe_experts(const Tensor& x, const ExpertWeights& experts, con
   Tensor work = alloc({int64_t(moe_workspace_bytes(p.num_tokens, p.top_k, p.num_experts, p.hidden, p.inter))},
                       DType::U8);
   cuda::moe_experts(p, work.raw(), stream_);
+}
+
+void CudaBackend::argmax_rows(const Tensor& logits, Tensor ids) {
+  check_dev(logits, DType::F32, "argmax_rows", "logits");
+  check_dev(ids, DType::I32, "argmax_rows", "ids");
+  MLA_CHECK(logits.ndim() == 2 && logits.dim(1) > 0 && ids.numel() == logits.dim(0),
+            "argmax_rows: {} ids for logits {}", ids.numel(), shape_str(logits.shape()));
+  cuda::greedy_argmax(logits.data<float>(), logits.dim(0), logits.dim(1), ids.data<int32_t>(), stream_);
 }
 
 }  // namespace cuda

@@ -49,6 +49,7 @@ class CudaBackend final : public Backend {
                  Tensor topk_weights) override;
   void moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids, const Tensor& topk_weights,
                    Tensor out) override;
+  void argmax_rows(const Tensor& logits, Tensor ids) override;
 
   cudaStream_t stream() const { return stream_; }
   DeviceAllocator& allocator() { return *allocator_; }
