@@ -81,18 +81,10 @@ int run_bench_one_batch(const BenchOneBatchOptions& o) {
   std::vector<std::vector<int32_t>> prompts(size_t(o.batch_size));
   for (auto& p : prompts)
     for (int i = 0; i < o.input_len; ++i) p.push_back(int32_t(rng.next() % uint64_t(c.vocab_size)));
-  auto argmax_rows = [&](const Tensor& logits) {
-    std::vector<int32_t> next;
-    for (int64_t r = 0; r < logits.dim(0); ++r) {
-      const float* row = logits.data<float>() + r * logits.dim(1);
-      next.push_back(int32_t(std::max_element(row, row + logits.dim(1)) - row));
-    }
-    return next;
-  };
-
   fmt::print("[{}] batch {}, input {}, output {}\n", backend->name(), o.batch_size, o.input_len, o.output_len);
   const auto t0 = Clock::now();
-  std::vector<int32_t> tokens = argmax_rows(runner.forward(runtime::static_prefill_batch(prompts, slots_per_seq)));
+  // Greedy, as sglang.bench_one_batch: the argmax runs on the device and only the ids come back.
+  std::vector<int32_t> tokens = runner.forward_greedy(runtime::static_prefill_batch(prompts, slots_per_seq));
   const double prefill_s = std::chrono::duration<double>(Clock::now() - t0).count();
   const double prefill_tput = double(o.batch_size) * o.input_len / prefill_s;
   fmt::print("Prefill. latency: {:.5f} s, throughput: {:10.2f} token/s\n", prefill_s, prefill_tput);
@@ -102,7 +94,7 @@ int run_bench_one_batch(const BenchOneBatchOptions& o) {
   const size_t kv_bpt = runtime::kv_bytes_per_token(c, backend->act_dtype());
   for (int step = 0; step + 1 < o.output_len; ++step) {
     const auto ts = Clock::now();
-    tokens = argmax_rows(runner.forward(runtime::static_decode_batch(tokens, lens, slots_per_seq)));
+    tokens = runner.forward_greedy(runtime::static_decode_batch(tokens, lens, slots_per_seq));
     decode_s.push_back(std::chrono::duration<double>(Clock::now() - ts).count());
     for (auto& l : lens) ++l;
     if (step < 5 || step + 2 == o.output_len)

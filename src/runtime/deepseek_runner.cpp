@@ -24,19 +24,35 @@ std::vector<int> DeepseekModelRunner::graph_batch_sizes() const {
   return graphs_ ? graphs_->captured_batch_sizes() : std::vector<int>{};
 }
 
-Tensor DeepseekModelRunner::forward(const ForwardBatch& batch) {
-  Backend& backend = model_.backend();
+Tensor DeepseekModelRunner::device_logits(const ForwardBatch& batch) {
   if (batch.logit_rows.empty()) {
     // A step of prefill chunks only: nothing to sample, just fill the cache.
     // The model still wants a logits row, so compute the cheapest one.
     ForwardBatch b = batch;
     b.logit_rows = {0};
     model_.forward(b, kv_cache_);
-    backend.synchronize();
-    return Tensor::empty({0, vocab_size()}, DType::F32);
+    model_.backend().synchronize();
+    return {};
   }
-  if (graphs_ && graphs_->can_replay(batch)) return backend.to_host(graphs_->replay(batch));
-  return backend.to_host(model_.forward(batch, kv_cache_));
+  if (graphs_ && graphs_->can_replay(batch)) return graphs_->replay(batch);
+  return model_.forward(batch, kv_cache_);
+}
+
+Tensor DeepseekModelRunner::forward(const ForwardBatch& batch) {
+  Tensor logits = device_logits(batch);
+  if (!logits.defined()) return Tensor::empty({0, vocab_size()}, DType::F32);
+  return model_.backend().to_host(logits);
+}
+
+std::vector<int32_t> DeepseekModelRunner::forward_greedy(const ForwardBatch& batch) {
+  Tensor logits = device_logits(batch);
+  if (!logits.defined()) return {};
+  Backend& backend = model_.backend();
+  const int64_t rows = logits.dim(0);
+  Tensor ids = backend.alloc({rows}, DType::I32);
+  backend.argmax_rows(logits, ids);
+  Tensor host = backend.to_host(ids);
+  return std::vector<int32_t>(host.data<int32_t>(), host.data<int32_t>() + rows);
 }
 
 std::vector<int> default_cuda_graph_batch_sizes(int max_bs) {

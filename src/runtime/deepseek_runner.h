@@ -23,10 +23,15 @@ class DeepseekModelRunner : public ModelRunner {
   DeepseekModelRunner(DeepseekModel& model, int num_slots, const CudaGraphSettings& graphs = {false, {}, 0});
   int vocab_size() const override { return model_.config().vocab_size; }
   Tensor forward(const ForwardBatch& batch) override;
+  std::vector<int32_t> forward_greedy(const ForwardBatch& batch) override;
   // Batch sizes with a captured decode graph (empty: eager only).
   std::vector<int> graph_batch_sizes() const;
 
  private:
+  // The step's logits {logit rows, vocab} on the device (a replayed graph's
+  // or an eager forward's); undefined for a step without logits rows.
+  Tensor device_logits(const ForwardBatch& batch);
+
   DeepseekModel& model_;
   std::vector<Tensor> kv_cache_;
   std::unique_ptr<DecodeGraphRunner> graphs_;

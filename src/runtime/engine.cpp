@@ -170,17 +170,26 @@ void Engine::step_thread() {
   for (;;) {
     cv_.wait(lk, [&] { return stopping_ || step_batch_ != nullptr; });
     if (!step_batch_) return;
-    const ForwardBatch* batch = step_batch_;
+    const ScheduledBatch* batch = step_batch_;
     lk.unlock();
     Tensor logits;
+    std::vector<int32_t> greedy_ids;
     std::exception_ptr error;
     try {
-      logits = runner_->forward(*batch);
+      if (batch->greedy_ids_only) {
+        greedy_ids = runner_->forward_greedy(batch->forward);
+        for (int32_t id : greedy_ids)
+          MLA_CHECK(id >= 0 && id < vocab_size_, "model returned token id {} outside the vocabulary [0, {})", id,
+                    vocab_size_);
+      } else {
+        logits = runner_->forward(batch->forward);
+      }
     } catch (...) {
       error = std::current_exception();
     }
     lk.lock();
     step_logits_ = std::move(logits);
+    step_greedy_ids_ = std::move(greedy_ids);
     step_error_ = error;
     step_batch_ = nullptr;
     step_done_ = true;
@@ -209,7 +218,8 @@ void Engine::loop() {
         } else {
           // Overlap: step N+1 is built from N's sampled tokens and launched
           // before N's tokens are detokenized, matched and reported.
-          Scheduler::SampledStep sampled = scheduler_.sample(*done, step_logits_);
+          Scheduler::SampledStep sampled = done->greedy_ids_only ? scheduler_.sample_greedy(*done, step_greedy_ids_)
+                                                                 : scheduler_.sample(*done, step_logits_);
           step_logits_ = Tensor();
           in_flight = launch(scheduler_.next_batch());
           scheduler_.postprocess(sampled);
@@ -246,7 +256,7 @@ std::unique_ptr<ScheduledBatch> Engine::launch(std::optional<ScheduledBatch> bat
   auto owned = std::make_unique<ScheduledBatch>(std::move(*batch));  // stable address for the step thread
   std::lock_guard lk(mu_);
   step_done_ = false;
-  step_batch_ = &owned->forward;
+  step_batch_ = owned.get();
   cv_.notify_all();
   return owned;
 }

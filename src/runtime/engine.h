@@ -8,6 +8,8 @@
 // only then detokenizes, matches stop strings and reports N's tokens, while
 // N+1 runs (a request ended by a stop string is dropped from N+1's results).
 // While a step runs the engine thread also takes in new requests and aborts.
+// A step whose rows are all plainly greedy (ScheduledBatch::greedy_ids_only)
+// asks the model for the argmax ids only, so the logits stay on the device.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -118,8 +120,9 @@ class Engine {
 
   // The step thread runs one forward at a time for the engine thread
   // (guarded by mu_, signalled through cv_).
-  const ForwardBatch* step_batch_ = nullptr;
-  Tensor step_logits_;
+  const ScheduledBatch* step_batch_ = nullptr;
+  Tensor step_logits_;                    // the step's logits rows, or
+  std::vector<int32_t> step_greedy_ids_;  // only their argmax (a greedy_ids_only batch)
   std::exception_ptr step_error_;
   bool step_done_ = false;
 

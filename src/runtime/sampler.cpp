@@ -23,6 +23,10 @@ int32_t argmax(std::span<const float> v) {
   return int32_t(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
+bool has_penalties(const SamplingParams& p) {
+  return p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
+}
+
 void apply_penalties(std::vector<float>& logits, const SamplingParams& p, const TokenHistory& h) {
   for (auto [id, _] : h.all_counts)
     MLA_CHECK(id >= 0 && size_t(id) < logits.size(), "token id {} outside the vocabulary of {}", id, logits.size());
@@ -74,7 +78,7 @@ SampledToken sample_token(std::span<const float> logits, const SamplingParams& p
   SampledToken out;
   // NOTES: a row is the whole vocabulary (129k floats); copy it only when
   // penalties change it, so a greedy decode step costs one pass per row.
-  const bool penalized = p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
+  const bool penalized = has_penalties(p);
   std::vector<float> penalized_logits;
   if (penalized) {
     penalized_logits.assign(logits.begin(), logits.end());
@@ -145,6 +149,10 @@ SampledToken sample_token(std::span<const float> logits, const SamplingParams& p
     }
   }
   return out;
+}
+
+bool needs_only_argmax(const SamplingParams& p) {
+  return p.greedy() && !has_penalties(p) && !p.logprobs && p.top_logprobs == 0;
 }
 
 }  // namespace mlaserve::runtime

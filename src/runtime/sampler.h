@@ -42,4 +42,9 @@ struct SampledToken {
 SampledToken sample_token(std::span<const float> logits, const SamplingParams& params,
                           const TokenHistory& history, Rng& rng);
 
+// True when sample_token would return just the row's argmax and nothing else
+// (greedy, no penalties, no logprobs): the row itself is then not needed,
+// only its argmax, which the device can compute.
+bool needs_only_argmax(const SamplingParams& params);
+
 }  // namespace mlaserve::runtime

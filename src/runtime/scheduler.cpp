@@ -351,18 +351,17 @@ std::optional<ScheduledBatch> Scheduler::build_batch() {
   }
 
   if (b.entries.empty()) return std::nullopt;
+  b.greedy_ids_only = std::all_of(b.entries.begin(), b.entries.end(), [](const ScheduledBatch::Entry& e) {
+    return e.logit_row < 0 || needs_only_argmax(e.request->params);
+  });
   if (b.num_decode > 0) new_token_ratio_ = std::max(kMinNewTokenRatio, new_token_ratio_ - kNewTokenRatioDecay);
   totals_.last_batch_tokens = b.forward.num_tokens();
   totals_.last_batch_seqs = int(b.entries.size());
   return b;
 }
 
-Scheduler::SampledStep Scheduler::sample(const ScheduledBatch& b, const Tensor& logits) {
+std::vector<const ScheduledBatch::Entry*> Scheduler::begin_sampling(const ScheduledBatch& b) {
   retired_.clear();  // the previous step's postprocessing is done
-  const int64_t vocab = logits.defined() && logits.ndim() == 2 ? logits.dim(1) : 0;
-  MLA_CHECK(b.forward.logit_rows.empty() || (logits.dtype() == mlaserve::DType::F32 &&
-                                              logits.dim(0) == int64_t(b.forward.logit_rows.size())),
-            "model returned logits {} for {} rows", shape_str(logits.shape()), b.forward.logit_rows.size());
   std::vector<const ScheduledBatch::Entry*> to_sample;
   for (const auto& e : b.entries) {
     Request& r = *e.request;
@@ -370,6 +369,15 @@ Scheduler::SampledStep Scheduler::sample(const ScheduledBatch& b, const Tensor& 
     if (e.num_tokens > 1 && !r.aborted) cache_prefix(r);
     if (e.logit_row >= 0 && !r.aborted) to_sample.push_back(&e);
   }
+  return to_sample;
+}
+
+Scheduler::SampledStep Scheduler::sample(const ScheduledBatch& b, const Tensor& logits) {
+  const int64_t vocab = logits.defined() && logits.ndim() == 2 ? logits.dim(1) : 0;
+  MLA_CHECK(b.forward.logit_rows.empty() || (logits.dtype() == mlaserve::DType::F32 &&
+                                              logits.dim(0) == int64_t(b.forward.logit_rows.size())),
+            "model returned logits {} for {} rows", shape_str(logits.shape()), b.forward.logit_rows.size());
+  std::vector<const ScheduledBatch::Entry*> to_sample = begin_sampling(b);
   // Rows are independent (each request has its own RNG and history), and a
   // row is a whole vocabulary: spread them over the cores.
   std::vector<SampledToken> sampled(to_sample.size());
@@ -381,6 +389,23 @@ Scheduler::SampledStep Scheduler::sample(const ScheduledBatch& b, const Tensor& 
       sampled[size_t(i)] = sample_token(row, r.params, r.history, *r.rng);
     }
   });
+  return commit_sampled(to_sample, std::move(sampled));
+}
+
+Scheduler::SampledStep Scheduler::sample_greedy(const ScheduledBatch& b, std::span<const int32_t> ids) {
+  MLA_CHECK(b.greedy_ids_only, "sample_greedy: the batch has rows that need more than their argmax");
+  MLA_CHECK(ids.size() == b.forward.logit_rows.size(), "model returned {} greedy ids for {} rows", ids.size(),
+            b.forward.logit_rows.size());
+  std::vector<const ScheduledBatch::Entry*> to_sample = begin_sampling(b);
+  std::vector<SampledToken> sampled(to_sample.size());
+  for (size_t i = 0; i < to_sample.size(); ++i) {
+    sampled[i].id = ids[size_t(to_sample[i]->logit_row)];
+  }
+  return commit_sampled(to_sample, std::move(sampled));
+}
+
+Scheduler::SampledStep Scheduler::commit_sampled(const std::vector<const ScheduledBatch::Entry*>& to_sample,
+                                                 std::vector<SampledToken> sampled) {
   SampledStep step;
   for (size_t i = 0; i < to_sample.size(); ++i) {
     Request& r = *to_sample[i]->request;

@@ -13,6 +13,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "core/tensor.h"
@@ -63,6 +64,9 @@ struct ScheduledBatch {
   ForwardBatch forward;
   std::vector<Entry> entries;
   int num_decode = 0;
+  // Every row to sample needs only its argmax (needs_only_argmax): the model
+  // may return just the ids (ModelRunner::forward_greedy, sample_greedy).
+  bool greedy_ids_only = false;
 };
 
 class Scheduler {
@@ -101,6 +105,9 @@ class Scheduler {
   // request's next token and ends those that finish by token or length (their
   // pages are freed at once), so next_batch() can build the following step.
   SampledStep sample(const ScheduledBatch& batch, const Tensor& logits);
+  // The same from the argmax of each logits row (one id per row), for a
+  // batch with greedy_ids_only.
+  SampledStep sample_greedy(const ScheduledBatch& batch, std::span<const int32_t> ids);
   // Detokenizes, matches stop strings and reports; meant to run while the
   // next step is already on the device (overlap). A stop string found here
   // ends its request before its next step is sampled.
@@ -130,6 +137,12 @@ class Scheduler {
   int decode_reserve_pages(const Request& r) const;
   void sort_waiting();
   std::unique_ptr<Request> take_running(const Request& r);
+  // The shared halves of sample() and sample_greedy(): the step's entries
+  // whose row is to be sampled (kv lengths advanced, prefixes cached), then
+  // the bookkeeping of their tokens (one per entry, in that order).
+  std::vector<const ScheduledBatch::Entry*> begin_sampling(const ScheduledBatch& b);
+  SampledStep commit_sampled(const std::vector<const ScheduledBatch::Entry*>& entries,
+                             std::vector<SampledToken> tokens);
 
   SchedulerConfig config_;
   TextStreamFactory text_streams_;

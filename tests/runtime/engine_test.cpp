@@ -127,6 +127,28 @@ TEST(Engine, MaxTokensClippedToTheContext) {
   EXPECT_EQ(results[0].final_output.finish, FinishReason::Length);
 }
 
+TEST(Engine, GreedyStepsReturnIdsOnlyAndOtherStepsFullLogits) {
+  auto c = small_config();
+  auto model = std::make_unique<FakeModel>(c.scheduler.num_pages * c.scheduler.page_size, kVocab);
+  FakeModel* fake = model.get();
+  Engine engine(std::move(model), c);
+  const std::vector<int32_t> a = {4, 8, 15}, b = {16, 23, 42, 7};
+  auto greedy_only = engine.generate({greedy(a, 12), greedy(b, 9)});
+  EXPECT_EQ(greedy_only[0].output_ids, expected_continuation(a, 12, kVocab));
+  EXPECT_EQ(greedy_only[1].output_ids, expected_continuation(b, 9, kVocab));
+  EXPECT_GT(fake->greedy_steps, 0);
+  EXPECT_EQ(fake->logits_steps, 0);
+
+  // A row that wants logprobs needs the whole row: its steps take the full
+  // path, and the greedy request beside it gets the same tokens as alone.
+  auto with_logprobs = greedy(b, 9);
+  with_logprobs.params.logprobs = true;
+  auto mixed = engine.generate({greedy(a, 12), with_logprobs});
+  EXPECT_EQ(mixed[0].output_ids, expected_continuation(a, 12, kVocab));
+  EXPECT_EQ(mixed[1].output_ids, expected_continuation(b, 9, kVocab));
+  EXPECT_GT(fake->logits_steps, 0);
+}
+
 namespace {
 
 // Throws on any batch holding token 13, as a model step that fails would.
@@ -134,9 +156,18 @@ class PoisonedModel : public FakeModel {
  public:
   using FakeModel::FakeModel;
   Tensor forward(const ForwardBatch& b) override {
+    check(b);
+    return FakeModel::forward(b);
+  }
+  std::vector<int32_t> forward_greedy(const ForwardBatch& b) override {
+    check(b);
+    return FakeModel::forward_greedy(b);
+  }
+
+ private:
+  static void check(const ForwardBatch& b) {
     for (int32_t id : b.input_ids)
       if (id == 13) throw Error("poisoned batch");
-    return FakeModel::forward(b);
   }
 };
 

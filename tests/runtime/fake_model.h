@@ -37,14 +37,37 @@ class FakeModel : public ModelRunner {
   FakeModel(int num_slots, int vocab) : cache_(size_t(num_slots), -1), vocab_(vocab) {}
   int vocab_size() const override { return vocab_; }
 
+  // One-hot logits rows at the next token of each row's context.
   Tensor forward(const ForwardBatch& b) override {
+    ++logits_steps;
+    std::vector<int32_t> next = run(b);
+    Tensor logits = Tensor::zeros({int64_t(next.size()), vocab_}, DType::F32);
+    for (size_t r = 0; r < next.size(); ++r) logits.data<float>()[r * size_t(vocab_) + size_t(next[r])] = 10.0f;
+    return logits;
+  }
+
+  // The same tokens as ids, as a device-side argmax returns them.
+  std::vector<int32_t> forward_greedy(const ForwardBatch& b) override {
+    ++greedy_steps;
+    return run(b);
+  }
+
+  int steps = 0;
+  int logits_steps = 0;
+  int greedy_steps = 0;
+  int max_batch_tokens = 0;
+  int max_batch_seqs = 0;
+
+ private:
+  // Writes the batch's tokens into the cache and returns each logits row's
+  // next token, derived from the context read back through the kv slots.
+  std::vector<int32_t> run(const ForwardBatch& b) {
     ++steps;
     max_batch_tokens = std::max(max_batch_tokens, b.num_tokens());
     max_batch_seqs = std::max(max_batch_seqs, b.num_seqs());
     for (int t = 0; t < b.num_tokens(); ++t) cache_.at(size_t(b.out_slots[size_t(t)])) = b.input_ids[size_t(t)];
-    Tensor logits = Tensor::zeros({int64_t(b.logit_rows.size()), vocab_}, DType::F32);
-    for (size_t r = 0; r < b.logit_rows.size(); ++r) {
-      int row = b.logit_rows[r];
+    std::vector<int32_t> next;
+    for (int row : b.logit_rows) {
       int s = 0;
       while (b.q_indptr[size_t(s) + 1] <= row) ++s;
       int q_len = b.q_indptr[size_t(s) + 1] - b.q_indptr[size_t(s)];
@@ -56,16 +79,11 @@ class FakeModel : public ModelRunner {
         if (tok < 0) throw std::runtime_error("fake model read an unwritten cache slot");
         context.push_back(tok);
       }
-      logits.data<float>()[r * size_t(vocab_) + size_t(next_token_of(context, vocab_))] = 10.0f;
+      next.push_back(next_token_of(context, vocab_));
     }
-    return logits;
+    return next;
   }
 
-  int steps = 0;
-  int max_batch_tokens = 0;
-  int max_batch_seqs = 0;
-
- private:
   std::vector<int32_t> cache_;
   int vocab_;
 };

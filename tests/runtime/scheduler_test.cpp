@@ -6,6 +6,7 @@
 #include <optional>
 #include <random>
 
+#include "core/error.h"
 #include "fake_model.h"
 
 using namespace mlaserve;
@@ -39,6 +40,14 @@ struct Harness {
     return id;
   }
 
+  // Whether batches of greedy rows take the ids-only path, as the engine's do.
+  bool greedy_ids = true;
+
+  Scheduler::SampledStep step(const ScheduledBatch& b) {
+    if (greedy_ids && b.greedy_ids_only) return sched.sample_greedy(b, model.forward_greedy(b.forward));
+    return sched.sample(b, model.forward(b.forward));
+  }
+
   // Runs until idle, checking every invariant after every step.
   void run() {
     for (int guard = 0; sched.has_work(); ++guard) {
@@ -52,8 +61,8 @@ struct Harness {
       const auto& c = sched.config();
       if (c.chunked_prefill_size > 0) ASSERT_LE(b->forward.num_tokens(), std::max(c.chunked_prefill_size, b->num_decode));
       ASSERT_LE(int(sched.num_running()), c.max_running_requests);
-      Tensor logits = model.forward(b->forward);
-      sched.process(*b, logits);
+      auto sampled = step(*b);
+      sched.postprocess(sampled);
       sched.check_invariants();
     }
   }
@@ -64,8 +73,7 @@ struct Harness {
     std::optional<ScheduledBatch> current = sched.next_batch();
     for (int guard = 0; current; ++guard) {
       ASSERT_LT(guard, 100000) << "scheduler made no progress";
-      Tensor logits = model.forward(current->forward);
-      auto sampled = sched.sample(*current, logits);
+      auto sampled = step(*current);
       auto next = sched.next_batch();
       sched.postprocess(sampled);
       sched.check_invariants();
@@ -104,6 +112,7 @@ std::vector<int32_t> random_prompt(std::mt19937& rng, const std::vector<int32_t>
 }  // namespace
 
 TEST(Scheduler, ContinuousBatchingUnderMemoryPressureGivesExactOutputs) {
+  for (bool greedy_ids : {true, false}) {
   for (bool overlap : {false, true}) {
   for (int page_size : {1, 4}) {
     for (bool radix : {true, false}) {
@@ -115,6 +124,7 @@ TEST(Scheduler, ContinuousBatchingUnderMemoryPressureGivesExactOutputs) {
       c.context_length = 1000;
       c.enable_radix_cache = radix;
       Harness h(c);
+      h.greedy_ids = greedy_ids;
       std::mt19937 rng(page_size * 10 + radix);
       std::vector<int32_t> system_prompt = random_prompt(rng, {}, 24);
       std::map<uint64_t, std::vector<int32_t>> prompts;
@@ -145,9 +155,62 @@ TEST(Scheduler, ContinuousBatchingUnderMemoryPressureGivesExactOutputs) {
       EXPECT_EQ(h.sched.stats().free_pages, s.total_pages);
       if (radix) EXPECT_GT(s.cached_prompt_tokens, 0);
       EXPECT_LE(h.model.max_batch_seqs, 8);
+      EXPECT_EQ(h.model.greedy_steps > 0, greedy_ids);
+      EXPECT_EQ(h.model.logits_steps > 0, !greedy_ids);
     }
   }
   }
+  }
+}
+
+TEST(Scheduler, OnlyPlainGreedyBatchesAskForIdsOnly) {
+  SchedulerConfig c;
+  c.page_size = 4;
+  c.num_pages = 64;
+  auto batch_of = [&](SamplingParams second) {
+    Harness h(c);
+    h.add({1, 2, 3}, greedy(4));
+    h.add({4, 5}, second);
+    return h.sched.next_batch()->greedy_ids_only;
+  };
+  EXPECT_TRUE(batch_of(greedy(4)));
+  SamplingParams top_k_one = greedy(4);
+  top_k_one.temperature = 0.7f;
+  top_k_one.top_k = 1;
+  EXPECT_TRUE(batch_of(top_k_one));
+  SamplingParams with_stops = greedy(4);
+  with_stops.stop_token_ids = {7};
+  with_stops.stop = {"ab"};
+  EXPECT_TRUE(batch_of(with_stops));
+
+  SamplingParams sampled = greedy(4);
+  sampled.temperature = 0.7f;
+  EXPECT_FALSE(batch_of(sampled));
+  SamplingParams logprobs = greedy(4);
+  logprobs.logprobs = true;
+  EXPECT_FALSE(batch_of(logprobs));
+  SamplingParams top_logprobs = greedy(4);
+  top_logprobs.top_logprobs = 2;
+  EXPECT_FALSE(batch_of(top_logprobs));
+  for (auto penalty : {&SamplingParams::repetition_penalty, &SamplingParams::frequency_penalty,
+                       &SamplingParams::presence_penalty}) {
+    SamplingParams penalized = greedy(4);
+    penalized.*penalty = 1.3f;
+    EXPECT_FALSE(batch_of(penalized));
+  }
+}
+
+TEST(Scheduler, GreedyIdsMustCoverEveryRow) {
+  SchedulerConfig c;
+  c.page_size = 4;
+  c.num_pages = 64;
+  Harness h(c);
+  h.add({1, 2, 3}, greedy(4));
+  h.add({4, 5}, greedy(4));
+  auto b = h.sched.next_batch();
+  ASSERT_TRUE(b && b->greedy_ids_only);
+  std::vector<int32_t> one_id = {3};
+  EXPECT_THROW(h.sched.sample_greedy(*b, one_id), Error);
 }
 
 TEST(Scheduler, SharedPrefixIsReportedAsCached) {
