@@ -80,7 +80,7 @@ int run_bench_one_batch(const BenchOneBatchOptions& o) {
   runtime::Rng rng(o.seed);
   std::vector<std::vector<int32_t>> prompts(size_t(o.batch_size));
   for (auto& p : prompts)
-    for (int i = 0; i < o.input_len; ++i) p.push_back(int32_t(rng.next() % uint64_t(c.vocab_size)));
+    for (int i = 0; i < o.input_len; ++i) p.push_back(int32_t(rng.next_u64() % uint64_t(c.vocab_size)));
   fmt::print("[{}] batch {}, input {}, output {}\n", backend->name(), o.batch_size, o.input_len, o.output_len);
   const auto t0 = Clock::now();
   // Greedy, as sglang.bench_one_batch: the argmax runs on the device and only the ids come back.

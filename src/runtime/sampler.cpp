@@ -10,15 +10,6 @@ namespace mlaserve::runtime {
 
 namespace {
 
-uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
 int32_t argmax(std::span<const float> v) {
   return int32_t(std::max_element(v.begin(), v.end()) - v.begin());
 }
@@ -43,23 +34,6 @@ void apply_penalties(std::vector<float>& logits, const SamplingParams& p, const 
 
 }  // namespace
 
-Rng::Rng(uint64_t seed) {
-  for (auto& s : s_) s = splitmix64(seed);
-}
-
-uint64_t Rng::next() {
-  uint64_t result = rotl(s_[1] * 5, 7) * 9;
-  uint64_t t = s_[1] << 17;
-  s_[2] ^= s_[0];
-  s_[3] ^= s_[1];
-  s_[1] ^= s_[2];
-  s_[0] ^= s_[3];
-  s_[2] ^= t;
-  s_[3] = rotl(s_[3], 45);
-  return result;
-}
-
-double Rng::uniform() { return double(next() >> 11) * 0x1.0p-53; }
 
 void TokenHistory::add_prompt(std::span<const int32_t> ids) {
   for (int32_t id : ids) all_counts[id]++;

@@ -7,21 +7,16 @@
 #include <utility>
 #include <vector>
 
+#include "io/portable_random.h"
 #include "runtime/sampling_params.h"
 
 namespace mlaserve::runtime {
 
 // xoshiro256** seeded through splitmix64: the same seed gives the same
 // stream on every platform (std:: distributions do not promise that).
-class Rng {
- public:
-  explicit Rng(uint64_t seed);
-  uint64_t next();
-  double uniform();  // [0, 1)
-
- private:
-  uint64_t s_[4];
-};
+// Seeded sampling draws: the same portable xoshiro256** the checkpoint
+// writer uses, so a seed means the same tokens on every machine.
+using Rng = PortableRng;
 
 // What penalties need to know about a sequence so far.
 struct TokenHistory {

@@ -13,7 +13,7 @@ namespace mlaserve::server {
 namespace {
 
 int uniform_int(runtime::Rng& rng, int lo, int hi) {
-  return lo + int(rng.next() % uint64_t(hi - lo + 1));
+  return lo + int(rng.next_u64() % uint64_t(hi - lo + 1));
 }
 
 }  // namespace
@@ -31,7 +31,7 @@ std::vector<BenchPrompt> random_prompts(const tokenizer::Tokenizer& tok, int num
     p.output_len = uniform_int(rng, std::max(1, int(output_len * range_ratio)), output_len);
     std::vector<int32_t> ids;
     while (int(ids.size()) < p.prompt_len) {
-      int32_t id = int32_t(rng.next() % uint64_t(tok.vocab_size()));
+      int32_t id = int32_t(rng.next_u64() % uint64_t(tok.vocab_size()));
       if (!tok.is_special(id) && !tok.token_bytes(id).empty()) ids.push_back(id);
     }
     p.text = tok.decode(ids, true);
@@ -65,7 +65,7 @@ std::vector<BenchPrompt> sharegpt_prompts(const tokenizer::Tokenizer& tok, const
     pairs.emplace_back(a["value"].get<std::string>(), b["value"].get<std::string>());
   }
   runtime::Rng rng(seed);
-  for (size_t i = pairs.size(); i > 1; --i) std::swap(pairs[i - 1], pairs[rng.next() % i]);
+  for (size_t i = pairs.size(); i > 1; --i) std::swap(pairs[i - 1], pairs[rng.next_u64() % i]);
   std::vector<BenchPrompt> out;
   for (auto& [prompt, reply] : pairs) {
     if (int(out.size()) == num_prompts) break;
