@@ -4,12 +4,16 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/fp8_linear.h"
+#include "kernels/cuda/fp8_moe.h"
+#include "kernels/cuda/fp8_quant.h"
 #include "kernels/cuda/mla_absorbed.h"
 #include "kernels/cuda/mla_expanded.h"
 #include "kernels/cuda/moe_experts.h"
@@ -67,17 +71,31 @@ std::vector<uint16_t> host_weight_to_bf16(const Tensor& w, const Tensor& scale_i
 }
 
 // Routed experts stacked for the grouped GEMMs: gate_up {E, 2I, D}, down {E, D, I}.
+// bf16 stacks interleave gate and up by 8 rows (moe_experts.h); FP8 stacks
+// keep all gate rows then all up rows, with their block scales stacked the
+// same way (fp8_moe.h).
 struct StackedExperts {
   Tensor gate_up, down;
+  Tensor gate_up_scale, down_scale;  // defined only for FP8 stacks
   int64_t hidden, inter;
+  bool fp8() const { return gate_up_scale.defined(); }
 };
+
+size_t round_up_256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// MLASERVE_FP8=0 forces every weight through the bf16-dequantized path.
+bool fp8_weights_from_env() {
+  const char* v = std::getenv("MLASERVE_FP8");
+  return !(v && std::strcmp(v, "0") == 0);
+}
 
 }  // namespace
 
-CudaBackend::CudaBackend() : allocator_(std::make_shared<DeviceAllocator>()) {
+CudaBackend::CudaBackend() : allocator_(std::make_shared<DeviceAllocator>()), fp8_weights_(fp8_weights_from_env()) {
   MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "backend start-up");
   MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, 0), "backend start-up");
   gemm_ = std::make_unique<CublasLtGemm>();
+  fp8_linear_ = std::make_unique<Fp8Linear>();
   pinned_bytes_ = size_t(1) << 20;
   MLA_CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_), "backend start-up");
   MLA_CUDA_CHECK(cudaEventCreateWithFlags(&staging_free_, cudaEventDisableTiming), "backend start-up");
@@ -87,6 +105,7 @@ CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
   bf16_copies_.clear();
   gemm_.reset();
+  fp8_linear_.reset();
   if (pinned_) cudaFreeHost(pinned_);
   if (staging_free_) cudaEventDestroy(staging_free_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -95,7 +114,7 @@ CudaBackend::~CudaBackend() {
 std::string CudaBackend::name() const {
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  return fmt::format("cuda ({}, {} SMs, bf16)", prop.name, sm_count_);
+  return fmt::format("cuda ({}, {} SMs, bf16{})", prop.name, sm_count_, fp8_weights_ ? ", fp8 weights" : "");
 }
 
 Tensor CudaBackend::alloc(const Shape& shape, DType dtype) {
@@ -124,11 +143,21 @@ Weight CudaBackend::load_weight(const Tensor& w, const Tensor& scale_inv) {
     const int64_t nb = (w.dim(0) + 127) / 128, kb = (w.dim(1) + 127) / 128;
     MLA_CHECK(scale_inv.defined() && scale_inv.dtype() == DType::F32 && scale_inv.shape() == Shape({nb, kb}),
               "FP8 weight {} needs F32 weight_scale_inv [{}, {}]", shape_str(w.shape()), nb, kb);
+    if (keeps_fp8(w, scale_inv)) return Weight{upload(w), upload(scale_inv)};
   }
-  // NOTES: block-FP8 is dequantized to bf16 at load (correct, 2x the memory and
-  // bandwidth of FP8); FP8 GEMMs through cuBLASLt's block scaling are the next step.
+  // Block-FP8 the FP8 kernels cannot run (K not a multiple of 128, or FP8
+  // switched off) is dequantized to bf16: correct, 2x the bytes of FP8.
   std::vector<uint16_t> converted = host_weight_to_bf16(w, scale_inv);
   return Weight{upload(Tensor::wrap(converted.data(), w.shape(), DType::BF16, Device::CPU)), {}};
+}
+
+bool CudaBackend::keeps_fp8(const Tensor& w, const Tensor& scale_inv) const {
+  // The FP8 kernels need whole 128-wide K blocks (activation groups and the
+  // own kernel's 16-byte loads); partial N blocks are handled.
+  return fp8_weights_ && w.device() == Device::CPU && w.dtype() == DType::F8_E4M3 && w.ndim() == 2 &&
+         w.dim(0) > 0 && w.dim(1) > 0 && w.dim(1) % kFp8Group == 0 && scale_inv.defined() &&
+         scale_inv.device() == Device::CPU && scale_inv.dtype() == DType::F32 &&
+         scale_inv.shape() == Shape({(w.dim(0) + 127) / 128, w.dim(1) / 128});
 }
 
 Tensor CudaBackend::load_tensor(const Tensor& host) {
@@ -141,6 +170,11 @@ ExpertWeights CudaBackend::load_experts(std::vector<Weight> gate, std::vector<We
   MLA_CHECK(E > 0 && up.size() == gate.size() && down.size() == gate.size(), "experts: {} gate, {} up, {} down weights",
             gate.size(), up.size(), down.size());
   const int64_t I = gate[0].out_features(), D = gate[0].in_features();
+  bool all_fp8 = I % kFp8Group == 0 && D % kFp8Group == 0;
+  for (int64_t e = 0; all_fp8 && e < E; ++e)
+    all_fp8 = keeps_fp8(gate[e].w, gate[e].scale_inv) && keeps_fp8(up[e].w, up[e].scale_inv) &&
+              keeps_fp8(down[e].w, down[e].scale_inv);
+  if (all_fp8) return load_experts_fp8(gate, up, down);
   MLA_CHECK(I % 8 == 0, "experts: intermediate size {} is not a multiple of 8", I);
   auto stacked = std::make_shared<StackedExperts>();
   stacked->hidden = D;
@@ -173,6 +207,49 @@ ExpertWeights CudaBackend::load_experts(std::vector<Weight> gate, std::vector<We
     out.up.push_back({});
     out.down.push_back({Tensor::wrap(dn + e * mat, {D, I}, DType::BF16, Device::CUDA, stacked), {}});
   }
+  out.packed = stacked;
+  return out;
+}
+
+ExpertWeights CudaBackend::load_experts_fp8(const std::vector<Weight>& gate, const std::vector<Weight>& up,
+                                            const std::vector<Weight>& down) {
+  const int64_t E = int64_t(gate.size()), I = gate[0].out_features(), D = gate[0].in_features();
+  const int64_t ib = I / kFp8Group, db = D / kFp8Group;
+  auto stacked = std::make_shared<StackedExperts>();
+  stacked->hidden = D;
+  stacked->inter = I;
+  stacked->gate_up = alloc({E, 2 * I, D}, DType::F8_E4M3);
+  stacked->down = alloc({E, D, I}, DType::F8_E4M3);
+  stacked->gate_up_scale = alloc({E, 2 * ib, db}, DType::F32);
+  stacked->down_scale = alloc({E, db, ib}, DType::F32);
+  const size_t mat = size_t(I * D), scales = size_t(ib * db) * 4;  // bytes of a matrix, of its scales
+  auto* gu = static_cast<char*>(stacked->gate_up.raw());
+  auto* dn = static_cast<char*>(stacked->down.raw());
+  auto* gus = static_cast<char*>(stacked->gate_up_scale.raw());
+  auto* dns = static_cast<char*>(stacked->down_scale.raw());
+  auto copy_in = [&](char* dst, const Tensor& src) {
+    MLA_CUDA_CHECK(cudaMemcpyAsync(dst, src.raw(), src.nbytes(), cudaMemcpyHostToDevice, stream_), "load_experts");
+  };
+  ExpertWeights out;
+  for (int64_t e = 0; e < E; ++e) {
+    MLA_CHECK(gate[e].w.shape() == Shape({I, D}) && up[e].w.shape() == Shape({I, D}) &&
+                  down[e].w.shape() == Shape({D, I}),
+              "expert {}: gate {}, up {}, down {} do not match expert 0's [{}, {}]", e, shape_str(gate[e].w.shape()),
+              shape_str(up[e].w.shape()), shape_str(down[e].w.shape()), I, D);
+    copy_in(gu + 2 * e * mat, gate[e].w);
+    copy_in(gu + (2 * e + 1) * mat, up[e].w);
+    copy_in(dn + e * mat, down[e].w);
+    copy_in(gus + 2 * e * scales, gate[e].scale_inv);
+    copy_in(gus + (2 * e + 1) * scales, up[e].scale_inv);
+    copy_in(dns + e * scales, down[e].scale_inv);
+    // As in the bf16 stacks: gate[e] is expert e's [gate | up] block, up[e] stays empty.
+    out.gate.push_back({Tensor::wrap(gu + 2 * e * mat, {2 * I, D}, DType::F8_E4M3, Device::CUDA, stacked),
+                        Tensor::wrap(gus + 2 * e * scales, {2 * ib, db}, DType::F32, Device::CUDA, stacked)});
+    out.up.push_back({});
+    out.down.push_back({Tensor::wrap(dn + e * mat, {D, I}, DType::F8_E4M3, Device::CUDA, stacked),
+                        Tensor::wrap(dns + e * scales, {db, ib}, DType::F32, Device::CUDA, stacked)});
+  }
+  MLA_CUDA_CHECK(cudaStreamSynchronize(stream_), "load_experts");  // the host sources may be temporaries
   out.packed = stacked;
   return out;
 }
@@ -312,7 +389,33 @@ void CudaBackend::linear(const Tensor& x, const Weight& w, Tensor out) {
   MLA_CHECK(x.dim(-1) == K && out.dim(-1) == N && row_count(x) == row_count(out),
             "linear: x {} · W{}ᵀ does not fit out {}", shape_str(x.shape()), shape_str(w.w.shape()),
             shape_str(out.shape()));
+  if (w.is_fp8()) {
+    linear_fp8(x, w, out);
+    return;
+  }
   matmul(bf(x, "linear", "x"), bf(w.w, "linear", "weight"), row_count(x), N, K, bf(out, "linear", "out"), false);
+}
+
+void CudaBackend::linear_fp8(const Tensor& x, const Weight& w, Tensor out) {
+  const int64_t M = row_count(x), N = w.out_features(), K = w.in_features();
+  check_dev(w.w, DType::F8_E4M3, "linear", "weight");
+  check_dev(w.scale_inv, DType::F32, "linear", "weight scale_inv");
+  MLA_CHECK(K % kFp8Group == 0 && w.scale_inv.shape() == Shape({(N + 127) / 128, K / kFp8Group}),
+            "linear: FP8 weight {} with scales {} (K must be a multiple of 128)", shape_str(w.w.shape()),
+            shape_str(w.scale_inv.shape()));
+  const __nv_bfloat16* xp = bf(x, "linear", "x");
+  __nv_bfloat16* op = bf(out, "linear", "out");
+  if (M == 0) return;
+  // One workspace block: x_q {ld, K} e4m3, its scales {K/128, ld}, the GEMM's split-K sums.
+  const int64_t ld = fp8_act_scale_ld(M);
+  const size_t q_bytes = round_up_256(size_t(ld * K)), s_bytes = round_up_256(size_t(ld * (K / kFp8Group)) * 4);
+  const size_t gemm_bytes = Fp8Linear::workspace_bytes(M, N, K);
+  Tensor work = alloc({int64_t(q_bytes + s_bytes + gemm_bytes)}, DType::U8);
+  auto* x_q = static_cast<uint8_t*>(work.raw());
+  auto* x_scale = reinterpret_cast<float*>(x_q + q_bytes);
+  quantize_fp8_act(xp, M, K, K, x_q, x_scale, ld, stream_);
+  fp8_linear_->run(x_q, x_scale, ld, w.w.data<uint8_t>(), w.scale_inv.data<float>(), M, N, K, op,
+                   gemm_bytes ? x_q + q_bytes + s_bytes : nullptr, stream_);
 }
 
 void CudaBackend::linear_f32_out(const Tensor& x, const Weight& w, Tensor out) {
@@ -321,6 +424,9 @@ void CudaBackend::linear_f32_out(const Tensor& x, const Weight& w, Tensor out) {
             "linear_f32_out: x {} · W{}ᵀ does not fit out {}", shape_str(x.shape()), shape_str(w.w.shape()),
             shape_str(out.shape()));
   check_dev(out, DType::F32, "linear_f32_out", "out");
+  // Only the router and lm_head want f32 logits, and DeepSeek checkpoints keep both in bf16.
+  MLA_CHECK(!w.is_fp8(), "linear_f32_out: FP8 weight {} is not supported (f32 outputs take bf16 weights)",
+            shape_str(w.w.shape()));
   matmul(bf(x, "linear_f32_out", "x"), bf(w.w, "linear_f32_out", "weight"), row_count(x), N, K, out.raw(), true);
 }
 
@@ -482,6 +588,27 @@ void CudaBackend::moe_experts(const Tensor& x, const ExpertWeights& experts, con
             "moe_experts: x {}, ids {}, weights {}, out {} (hidden {})", shape_str(x.shape()),
             shape_str(topk_ids.shape()), shape_str(topk_weights.shape()), shape_str(out.shape()), stacked->hidden);
   check_dev(topk_weights, DType::F32, "moe_experts", "topk_weights");
+  if (stacked->fp8()) {
+    Fp8MoeParams p;
+    p.x = bf(x, "moe_experts", "x");
+    p.w_gate_up = stacked->gate_up.data<uint8_t>();
+    p.w_gate_up_scale = stacked->gate_up_scale.data<float>();
+    p.w_down = stacked->down.data<uint8_t>();
+    p.w_down_scale = stacked->down_scale.data<float>();
+    p.topk_ids = i32(topk_ids, "moe_experts", "topk_ids");
+    p.topk_weights = topk_weights.data<float>();
+    p.num_tokens = int(T);
+    p.hidden = int(D);
+    p.inter = int(stacked->inter);
+    p.num_experts = experts.num_experts();
+    p.top_k = int(k);
+    p.out = bf(out, "moe_experts", "out");
+    if (T == 0) return;
+    Tensor work = alloc(
+        {int64_t(fp8_moe_workspace_bytes(p.num_tokens, p.top_k, p.num_experts, p.hidden, p.inter))}, DType::U8);
+    fp8_moe_experts(p, work.raw(), stream_);
+    return;
+  }
   MoeExpertsParams p;
   p.x = bf(x, "moe_experts", "x");
   p.w_gate_up = stacked->gate_up.data<__nv_bfloat16>();

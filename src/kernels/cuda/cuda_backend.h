@@ -2,6 +2,10 @@
 // The CUDA backend for Hopper (sm_90a), bf16 activations. Exposed (beyond
 // make_cuda_backend) for the CUDA-graph runner and the GPU tests, which need
 // its stream and allocator.
+// Block-FP8 weights whose K is a multiple of 128 stay FP8 on the device and
+// run through the FP8 kernels (docs/fp8.md); others (the tiny presets' K = 32)
+// are dequantized to bf16 at load. MLASERVE_FP8=0 in the environment (or
+// set_fp8_weights(false)) dequantizes every weight, to compare the two.
 #include <cuda_runtime_api.h>
 
 #include <memory>
@@ -12,6 +16,8 @@
 #include "kernels/cuda/gemm_cublaslt.h"
 
 namespace mlaserve::cuda {
+
+class Fp8Linear;
 
 class CudaBackend final : public Backend {
  public:
@@ -51,6 +57,11 @@ class CudaBackend final : public Backend {
                    Tensor out) override;
   void argmax_rows(const Tensor& logits, Tensor ids) override;
 
+  // Whether later load_weight / load_experts calls keep eligible block-FP8
+  // weights in FP8 (default: on unless MLASERVE_FP8=0).
+  void set_fp8_weights(bool on) { fp8_weights_ = on; }
+  bool fp8_weights() const { return fp8_weights_; }
+
   cudaStream_t stream() const { return stream_; }
   DeviceAllocator& allocator() { return *allocator_; }
   int sm_count() const { return sm_count_; }
@@ -68,6 +79,13 @@ class CudaBackend final : public Backend {
   // out = x · wᵀ through the skinny kernel or cuBLASLt.
   void matmul(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t m, int64_t n, int64_t k, void* out,
               bool out_f32);
+  // A host block-FP8 weight the FP8 kernels can run as stored.
+  bool keeps_fp8(const Tensor& w, const Tensor& scale_inv) const;
+  // out{M, N} bf16 = x · dequant(w)ᵀ with x quantized per token per 128 channels.
+  void linear_fp8(const Tensor& x, const Weight& w, Tensor out);
+  // Routed experts stacked in FP8 for fp8_moe.h (all of them keeps_fp8).
+  ExpertWeights load_experts_fp8(const std::vector<Weight>& gate, const std::vector<Weight>& up,
+                                 const std::vector<Weight>& down);
   // bf16 view of a weight-like tensor; f32 ones are converted once and cached.
   const __nv_bfloat16* as_bf16(const Tensor& t, const char* op);
   Tensor upload(const Tensor& host);
@@ -76,6 +94,8 @@ class CudaBackend final : public Backend {
   int sm_count_ = 0;
   std::shared_ptr<DeviceAllocator> allocator_;
   std::unique_ptr<CublasLtGemm> gemm_;
+  std::unique_ptr<Fp8Linear> fp8_linear_;
+  bool fp8_weights_ = true;
   std::unordered_map<const void*, Tensor> bf16_copies_;
   void* pinned_ = nullptr;  // host staging for prepare_batch uploads
   size_t pinned_bytes_ = 0;

@@ -1,0 +1,177 @@
+// CudaBackend on block-FP8 weights: the FP8-resident path (weights kept in
+// e4m3, activations quantized per token per 128 channels) against the same
+// backend with FP8 switched off (weights dequantized to bf16 at load,
+// activations unquantized), on the same random checkpoint weights.
+//
+// Bounds: both paths multiply the same dequantized weights (the bf16 copy
+// rounds them again, ~0.2% RMS), so the difference is the e4m3 rounding of
+// the activations: 3 mantissa bits, ~2.5% RMS relative per rounding.
+//  - linear: one rounding (x), bound 4.5e-2 as fp8_gemm_test's bound on
+//    unquantized activations;
+//  - MoE: two roundings (x and the SiLU-and-mul output) in quadrature ~3.6%,
+//    bound 8e-2 as fp8_moe_test's.
+// A wrong block scale, a swapped gate/up half or a misplaced expert gives
+// errors of order 1.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "core/error.h"
+#include "fp8_test_util.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/fp8_linear.h"
+
+namespace mlaserve::cuda::testing {
+namespace {
+
+constexpr double kLinearTol = 4.5e-2, kMoeTol = 8e-2;
+
+// Host tensors viewing a HostFp8Weight (which must outlive them).
+Tensor host_q(HostFp8Weight& w) { return Tensor::wrap(w.q.data(), {w.n, w.k}, DType::F8_E4M3, Device::CPU); }
+Tensor host_scale(HostFp8Weight& w) {
+  return Tensor::wrap(w.scale.data(), {(w.n + 127) / 128, (w.k + 127) / 128}, DType::F32, Device::CPU);
+}
+
+Tensor upload_bf16(CudaBackend& backend, std::vector<uint16_t>& v, Shape shape) {
+  return backend.load_tensor(Tensor::wrap(v.data(), std::move(shape), DType::BF16, Device::CPU));
+}
+
+// Device bf16 tensor -> f32 / f64 host values.
+std::vector<float> host_floats(CudaBackend& backend, const Tensor& t) {
+  const Tensor h = backend.to_host(t);
+  std::vector<float> out(size_t(h.numel()));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_f32(h.data<uint16_t>()[i]);
+  return out;
+}
+
+// Output poisoned with bf16 NaNs on the backend's stream, so unwritten rows fail.
+Tensor poisoned_output(CudaBackend& backend, Shape shape) {
+  Tensor t = backend.alloc(std::move(shape), DType::BF16);
+  MLA_CUDA_CHECK(cudaMemsetAsync(t.raw(), 0xff, t.nbytes(), backend.stream()), "test poison");
+  return t;
+}
+
+std::vector<double> as_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+struct LinearCase {
+  int64_t m, n, k;
+};
+
+class Fp8BackendLinear : public ::testing::TestWithParam<LinearCase> {};
+
+TEST_P(Fp8BackendLinear, MatchesTheBf16DequantizedPath) {
+  MLA_SKIP_WITHOUT_GPU();
+  const auto [m, n, k] = GetParam();
+  std::mt19937 rng(uint32_t(m * 131 + n + k));
+  HostFp8Weight w = random_fp8_weight(n, k, rng);
+  std::vector<uint16_t> x = random_activations(m, k, rng);
+
+  CudaBackend backend;
+  backend.set_fp8_weights(false);
+  const Weight w_bf16 = backend.load_weight(host_q(w), host_scale(w));
+  backend.set_fp8_weights(true);
+  const Weight w_fp8 = backend.load_weight(host_q(w), host_scale(w));
+  ASSERT_EQ(w_bf16.w.dtype(), DType::BF16);
+  ASSERT_TRUE(w_fp8.is_fp8());
+  ASSERT_EQ(w_fp8.scale_inv.shape(), Shape({(n + 127) / 128, k / 128}));
+
+  const Tensor dx = upload_bf16(backend, x, {m, k});
+  Tensor out_bf16 = poisoned_output(backend, {m, n}), out_fp8 = poisoned_output(backend, {m, n});
+  backend.linear(dx, w_bf16, out_bf16);
+  backend.linear(dx, w_fp8, out_fp8);
+  const double err = rel_l2(host_floats(backend, out_fp8), as_double(host_floats(backend, out_bf16)));
+  const std::string detail = fmt::format("M={} N={} K={} ({})", m, n, k,
+                                         fp8_gemm_path_name(Fp8Linear::path_for(m, n, k)));
+  report_fp8("backend linear fp8", detail.c_str(), err, kLinearTol);
+  EXPECT_LT(err, kLinearTol);
+}
+
+// M = 1, 5: own kernel; 64, 132: cuBLASLt (K % 512 == 0); N = 576: partial
+// 128-block of weight rows (kv_a's shape class).
+INSTANTIATE_TEST_SUITE_P(Shapes, Fp8BackendLinear,
+                         ::testing::Values(LinearCase{1, 384, 512}, LinearCase{5, 576, 256},
+                                           LinearCase{64, 384, 512}, LinearCase{132, 576, 1024}),
+                         [](const auto& info) {
+                           return fmt::format("m{}_n{}_k{}", info.param.m, info.param.n, info.param.k);
+                         });
+
+TEST(Fp8Backend, WeightsWithPartialKBlocksAreDequantized) {
+  MLA_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(7);
+  HostFp8Weight w = random_fp8_weight(64, 32, rng);  // the tiny presets' hidden size
+  CudaBackend backend;
+  backend.set_fp8_weights(true);
+  EXPECT_EQ(backend.load_weight(host_q(w), host_scale(w)).w.dtype(), DType::BF16);
+}
+
+TEST(Fp8Backend, F32OutputFromAnFp8WeightIsANamedError) {
+  MLA_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(8);
+  HostFp8Weight w = random_fp8_weight(128, 128, rng);
+  CudaBackend backend;
+  backend.set_fp8_weights(true);
+  const Weight wf = backend.load_weight(host_q(w), host_scale(w));
+  Tensor x = backend.alloc({2, 128}, DType::BF16), out = backend.alloc({2, 128}, DType::F32);
+  EXPECT_THROW(backend.linear_f32_out(x, wf, out), Error);
+}
+
+constexpr int kExperts = 8, kTopK = 2, kHidden = 256, kInter = 256;
+
+class Fp8BackendMoe : public ::testing::TestWithParam<int> {};
+
+TEST_P(Fp8BackendMoe, MatchesTheBf16DequantizedPath) {
+  MLA_SKIP_WITHOUT_GPU();
+  const int tokens = GetParam();
+  std::mt19937 rng(41 + tokens);
+  std::vector<HostFp8Weight> gate, up, down;
+  for (int e = 0; e < kExperts; ++e) {
+    gate.push_back(random_fp8_weight(kInter, kHidden, rng, 0.2f));
+    up.push_back(random_fp8_weight(kInter, kHidden, rng, 0.2f));
+    down.push_back(random_fp8_weight(kHidden, kInter, rng, 0.2f));
+  }
+  auto weights_of = [](std::vector<HostFp8Weight>& ws) {
+    std::vector<Weight> out;
+    for (auto& w : ws) out.push_back({host_q(w), host_scale(w)});
+    return out;
+  };
+  std::vector<uint16_t> x = random_activations(tokens, kHidden, rng);
+  std::vector<int32_t> ids(size_t(tokens) * kTopK);
+  std::vector<float> topk_weights(ids.size());
+  std::uniform_real_distribution<float> wdist(0.1f, 1.0f);
+  for (int t = 0; t < tokens; ++t) {
+    std::vector<int> perm(kExperts);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int j = 0; j < kTopK; ++j) ids[t * kTopK + j] = perm[j], topk_weights[t * kTopK + j] = wdist(rng);
+  }
+
+  CudaBackend backend;
+  backend.set_fp8_weights(false);
+  const ExpertWeights ex_bf16 = backend.load_experts(weights_of(gate), weights_of(up), weights_of(down));
+  backend.set_fp8_weights(true);
+  const ExpertWeights ex_fp8 = backend.load_experts(weights_of(gate), weights_of(up), weights_of(down));
+  ASSERT_FALSE(ex_bf16.gate[0].is_fp8());
+  ASSERT_TRUE(ex_fp8.gate[0].is_fp8());
+  ASSERT_TRUE(ex_fp8.down[kExperts - 1].is_fp8());
+
+  const Tensor dx = upload_bf16(backend, x, {tokens, kHidden});
+  const Tensor dids = backend.load_tensor(Tensor::wrap(ids.data(), {tokens, kTopK}, DType::I32, Device::CPU));
+  const Tensor dw =
+      backend.load_tensor(Tensor::wrap(topk_weights.data(), {tokens, kTopK}, DType::F32, Device::CPU));
+  Tensor out_bf16 = poisoned_output(backend, {tokens, kHidden});
+  Tensor out_fp8 = poisoned_output(backend, {tokens, kHidden});
+  backend.moe_experts(dx, ex_bf16, dids, dw, out_bf16);
+  backend.moe_experts(dx, ex_fp8, dids, dw, out_fp8);
+  const double err = rel_l2(host_floats(backend, out_fp8), as_double(host_floats(backend, out_bf16)));
+  const std::string detail = fmt::format("{} tokens, {} experts, top {}", tokens, kExperts, kTopK);
+  report_fp8("backend moe fp8", detail.c_str(), err, kMoeTol);
+  EXPECT_LT(err, kMoeTol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tokens, Fp8BackendMoe, ::testing::Values(1, 7, 64));
+
+}  // namespace
+}  // namespace mlaserve::cuda::testing
