@@ -2,38 +2,25 @@
 
 #include <string>
 
+#include "kernels/cuda/cublaslt_plan.h"
 #include "kernels/cuda/cuda_check.h"
 
 namespace mlaserve::cuda {
 namespace {
 
-void check_lt(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    raise_error(std::string("cuBLASLt FP8 GEMM (") + what + "): " + cublasLtGetStatusString(s));
-}
-
 template <typename T>
 void set_attr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value, const char* what) {
-  check_lt(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)), what);
+  check_cublaslt(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)), what);
 }
 
 }  // namespace
 
-struct Fp8CublasLtGemm::Plan {
+struct Fp8CublasLtGemm::Plan : CublasLtMatmulPlan {
   bool supported = false;
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  ~Plan() {
-    if (desc) cublasLtMatmulDescDestroy(desc);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (d) cublasLtMatrixLayoutDestroy(d);
-  }
 };
 
 Fp8CublasLtGemm::Fp8CublasLtGemm(size_t workspace_bytes) : workspace_(workspace_bytes) {
-  check_lt(cublasLtCreate(&handle_), "cublasLtCreate");
+  check_cublaslt(cublasLtCreate(&handle_), "cublasLtCreate");
 }
 
 Fp8CublasLtGemm::~Fp8CublasLtGemm() {
@@ -53,16 +40,16 @@ const Fp8CublasLtGemm::Plan& Fp8CublasLtGemm::plan_for(int64_t m, int64_t n, int
   auto& slot = plans_[{m, n, k}];
   if (slot) return *slot;
   auto plan = std::make_unique<Plan>();
-  check_lt(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc create");
+  check_cublaslt(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc create");
   set_attr(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T, "transa");
   set_attr(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N, "transb");
   set_attr(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, int32_t(CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F),
            "A scale mode");
   set_attr(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, int32_t(CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F),
            "B scale mode");
-  check_lt(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_8F_E4M3, k, n, k), "layout a");
-  check_lt(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_8F_E4M3, k, m, k), "layout b");
-  check_lt(cublasLtMatrixLayoutCreate(&plan->d, CUDA_R_16BF, n, m, n), "layout d");
+  check_cublaslt(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_8F_E4M3, k, n, k), "layout a");
+  check_cublaslt(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_8F_E4M3, k, m, k), "layout b");
+  check_cublaslt(cublasLtMatrixLayoutCreate(&plan->d, CUDA_R_16BF, n, m, n), "layout d");
   // The heuristic checks the scale modes too, so it needs placeholder
   // (non-null, aligned) scale pointers; the real ones are set per call.
   const void* placeholder = workspace_.get();
@@ -70,9 +57,9 @@ const Fp8CublasLtGemm::Plan& Fp8CublasLtGemm::plan_for(int64_t m, int64_t n, int
   set_attr(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, placeholder, "B scale pointer");
 
   cublasLtMatmulPreference_t pref;
-  check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference create");
+  check_cublaslt(cublasLtMatmulPreferenceCreate(&pref), "preference create");
   const size_t ws = workspace_.bytes();
-  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
+  check_cublaslt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
            "preference workspace");
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
@@ -93,7 +80,7 @@ bool Fp8CublasLtGemm::linear(const uint8_t* x_q, const float* x_scale, const uin
   set_attr(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(w_scale), "A scale pointer");
   set_attr(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(x_scale), "B scale pointer");
   const float alpha = 1.0f, beta = 0.0f;
-  check_lt(cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, x_q, plan.b, &beta, out, plan.d, out, plan.d,
+  check_cublaslt(cublasLtMatmul(handle_, plan.desc, &alpha, w, plan.a, x_q, plan.b, &beta, out, plan.d, out, plan.d,
                           &plan.algo, workspace_.get(), workspace_.bytes(), stream),
            "cublasLtMatmul");
   return true;

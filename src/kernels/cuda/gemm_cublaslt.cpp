@@ -3,30 +3,14 @@
 #include <memory>
 
 #include "core/error.h"
+#include "kernels/cuda/cublaslt_plan.h"
 
 namespace mlaserve::cuda {
-namespace {
 
-void check_lt(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) fail("cuBLASLt error in gemm ({}): status {}", what, int(s));
-}
-
-}  // namespace
-
-struct CublasLtGemm::Plan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  ~Plan() {
-    if (desc) cublasLtMatmulDescDestroy(desc);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (d) cublasLtMatrixLayoutDestroy(d);
-  }
-};
+struct CublasLtGemm::Plan : CublasLtMatmulPlan {};
 
 CublasLtGemm::CublasLtGemm(size_t workspace_bytes) : workspace_(workspace_bytes) {
-  check_lt(cublasLtCreate(&handle_), "cublasLtCreate");
+  check_cublaslt(cublasLtCreate(&handle_), "cublasLtCreate");
 }
 
 CublasLtGemm::~CublasLtGemm() {
@@ -38,14 +22,14 @@ const CublasLtGemm::Plan& CublasLtGemm::plan_for(const Problem& p) {
   auto it = plans_.find(p.key());
   if (it != plans_.end()) return *it->second;
   auto plan = std::make_unique<Plan>();
-  check_lt(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc create");
+  check_cublaslt(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc create");
   const cublasOperation_t op_a = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = CUBLAS_OP_N;
-  check_lt(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)), "transa");
-  check_lt(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)), "transb");
+  check_cublaslt(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)), "transa");
+  check_cublaslt(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)), "transb");
   const uint64_t a_rows = p.trans_a ? p.k : p.m, a_cols = p.trans_a ? p.m : p.k;
-  check_lt(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, a_rows, a_cols, p.lda), "layout a");
-  check_lt(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, p.k, p.n, p.ldb), "layout b");
-  check_lt(cublasLtMatrixLayoutCreate(&plan->d, p.out_f32 ? CUDA_R_32F : CUDA_R_16BF, p.m, p.n, p.ldc),
+  check_cublaslt(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, a_rows, a_cols, p.lda), "layout a");
+  check_cublaslt(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, p.k, p.n, p.ldb), "layout b");
+  check_cublaslt(cublasLtMatrixLayoutCreate(&plan->d, p.out_f32 ? CUDA_R_32F : CUDA_R_16BF, p.m, p.n, p.ldc),
            "layout d");
   if (p.batch > 1) {
     const int32_t count = int32_t(p.batch);
@@ -54,17 +38,17 @@ const CublasLtGemm::Plan& CublasLtGemm::plan_for(const Problem& p) {
       int64_t stride;
     } batched[] = {{plan->a, p.stride_a}, {plan->b, p.stride_b}, {plan->d, p.stride_c}};
     for (auto& l : batched) {
-      check_lt(cublasLtMatrixLayoutSetAttribute(l.layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+      check_cublaslt(cublasLtMatrixLayoutSetAttribute(l.layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
                "batch count");
-      check_lt(cublasLtMatrixLayoutSetAttribute(l.layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &l.stride,
+      check_cublaslt(cublasLtMatrixLayoutSetAttribute(l.layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &l.stride,
                                                 sizeof(l.stride)),
                "batch stride");
     }
   }
   cublasLtMatmulPreference_t pref;
-  check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference create");
+  check_cublaslt(cublasLtMatmulPreferenceCreate(&pref), "preference create");
   const uint64_t ws = workspace_.bytes();
-  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
+  check_cublaslt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
            "preference workspace");
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
@@ -84,7 +68,7 @@ void CublasLtGemm::run(const Problem& p, const void* a, const void* b, void* d, 
   if (p.m == 0 || p.n == 0) return;
   const Plan& plan = plan_for(p);
   const float alpha = 1.0f, beta = 0.0f;
-  check_lt(cublasLtMatmul(handle_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.d, d, plan.d, &plan.algo,
+  check_cublaslt(cublasLtMatmul(handle_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.d, d, plan.d, &plan.algo,
                           workspace_.get(), workspace_.bytes(), stream),
            "cublasLtMatmul");
 }
