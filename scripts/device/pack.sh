@@ -3,14 +3,16 @@
 # .git/info/exclude): the CUDA test and benchmark binaries from build-cuda and
 # the non-system shared libraries they link (the GPU machine has the CUDA
 # runtime and cuBLAS, but not fmt, spdlog, openblas, pcre2...).
-# Usage: scripts/device/pack.sh [build-dir]; then run check_and_bench.sh there
-# with `carry: [".device-cuda"]`.
+# Usage: scripts/device/pack.sh [build-dir] [dest]; then run check_and_bench.sh
+# there with `carry: ["<dest>"]` (dest defaults to .device-cuda; dest names must
+# start with .device so that .git/info/exclude ignores them).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build-cuda}
-dest=.device-cuda
+dest=${2:-.device-cuda}
+case "$dest" in .device*) ;; *) echo "pack.sh: dest must start with .device" >&2; exit 2 ;; esac
 rm -rf "$dest" && mkdir -p "$dest/lib"
-grep -qx '/.device-cuda/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.device-cuda/' >> .git/info/exclude; }
+grep -qx '/.device\*/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.device*/' >> .git/info/exclude; }
 bins=()
 for b in test_cuda bench_kernels_cuda bench_model_cuda mlaserve; do
   [ -x "$build/$b" ] && cp "$build/$b" "$dest/" && bins+=("$dest/$b")
