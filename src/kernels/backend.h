@@ -71,6 +71,16 @@ struct DeviceBatch {
   ForwardBatch host;                       // the host copy, for CPU loops and planning
 };
 
+// One logits row's sampling settings for sample_rows (the runtime's
+// SamplingParams without penalties or logprobs, plus the row's draw).
+struct RowSampling {
+  float temperature = 1.0f;  // <= 1e-5 (or top_k == 1): greedy
+  int top_k = -1;            // <= 0: no limit
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  double uniform = 0.0;      // in [0, 1): the request's RNG draw for this token
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -158,6 +168,14 @@ class Backend {
   // ids{R} I32 = argmax of each row of logits{R, V} F32, the lowest index on
   // ties (the host sampler's greedy rule): greedy steps copy only the ids.
   virtual void argmax_rows(const Tensor& logits, Tensor ids) = 0;
+  // ids{R} I32: one token per row of logits{R, V} F32, drawn with rows[r]:
+  // weights w = exp((logit - max) / T); keep the top_k largest (ties at the
+  // k-th weight all stay), then those with w >= min_p (the max weight is 1),
+  // then the smallest set of the largest whose mass reaches top_p of what is
+  // left (ties at the boundary stay); the token is where the running sum of
+  // kept weights, in vocabulary order, first exceeds uniform * their total.
+  // Greedy rows take argmax_rows' id. Only the ids cross to the host.
+  virtual void sample_rows(const Tensor& logits, const std::vector<RowSampling>& rows, Tensor ids) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

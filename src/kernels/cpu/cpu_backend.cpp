@@ -11,6 +11,7 @@
 #include "core/thread_pool.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_sampling.h"
 
 namespace mlaserve {
 namespace {
@@ -310,6 +311,19 @@ class CpuBackend final : public Backend {
       const float* row = logits.data<float>() + r * V;
       ids.data<int32_t>()[r] = int32_t(std::max_element(row, row + V) - row);  // first of equal maxima
     }
+  }
+
+  void sample_rows(const Tensor& logits, const std::vector<RowSampling>& rows, Tensor ids) override {
+    check_f32(logits, "sample_rows", "logits");
+    check_i32(ids, "sample_rows", "ids");
+    MLA_CHECK(logits.ndim() == 2 && logits.dim(1) > 0 && ids.numel() == logits.dim(0) &&
+                  int64_t(rows.size()) == logits.dim(0),
+              "sample_rows: {} ids and {} settings for logits {}", ids.numel(), rows.size(), shape_str(logits.shape()));
+    const int64_t V = logits.dim(1);
+    parallel_for(logits.dim(0), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        ids.data<int32_t>()[r] = cpu::sample_row(logits.data<float>() + r * V, V, rows[size_t(r)]);
+    });
   }
 };
 

@@ -638,6 +638,24 @@ void CudaBackend::argmax_rows(const Tensor& logits, Tensor ids) {
   cuda::greedy_argmax(logits.data<float>(), logits.dim(0), logits.dim(1), ids.data<int32_t>(), stream_);
 }
 
+void CudaBackend::sample_rows(const Tensor& logits, const std::vector<RowSampling>& rows, Tensor ids) {
+  check_dev(logits, DType::F32, "sample_rows", "logits");
+  check_dev(ids, DType::I32, "sample_rows", "ids");
+  MLA_CHECK(logits.ndim() == 2 && logits.dim(1) > 0 && ids.numel() == logits.dim(0) &&
+                int64_t(rows.size()) == logits.dim(0),
+            "sample_rows: {} ids and {} settings for logits {}", ids.numel(), rows.size(), shape_str(logits.shape()));
+  std::vector<cuda::RowSamplingParams> host(rows.size());
+  for (size_t r = 0; r < rows.size(); ++r)
+    host[r] = {rows[r].temperature, rows[r].top_k, rows[r].top_p, rows[r].min_p, float(rows[r].uniform)};
+  const int64_t bytes = int64_t(host.size() * sizeof(cuda::RowSamplingParams));
+  Tensor params = alloc({bytes}, DType::U8);
+  // Pageable source: the call returns once the bytes are staged, so `host` may go.
+  MLA_CUDA_CHECK(cudaMemcpyAsync(params.raw(), host.data(), size_t(bytes), cudaMemcpyHostToDevice, stream_),
+                 "sample_rows");
+  cuda::sample_tokens(logits.data<float>(), logits.dim(0), logits.dim(1),
+                      static_cast<const cuda::RowSamplingParams*>(params.raw()), ids.data<int32_t>(), stream_);
+}
+
 }  // namespace cuda
 
 std::unique_ptr<Backend> make_cuda_backend(size_t /*workspace_bytes: see DeviceAllocator*/) {

@@ -56,6 +56,7 @@ class CudaBackend final : public Backend {
   void moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids, const Tensor& topk_weights,
                    Tensor out) override;
   void argmax_rows(const Tensor& logits, Tensor ids) override;
+  void sample_rows(const Tensor& logits, const std::vector<RowSampling>& rows, Tensor ids) override;
 
   // Whether later load_weight / load_experts calls keep eligible block-FP8
   // weights in FP8 (default: off unless MLASERVE_FP8=1).
