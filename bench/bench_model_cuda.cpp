@@ -267,6 +267,9 @@ class OpTimingBackend final : public Backend {
   void scatter_rows(Tensor c, const Tensor& r, const Tensor& s) override { timed("scatter_rows", [&] { in_.scatter_rows(c, r, s); }); }
   void gather_rows(const Tensor& c, const Tensor& s, Tensor o) override { timed("gather_rows", [&] { in_.gather_rows(c, s, o); }); }
   void head_bmm(const Tensor& x, const Tensor& w, bool t, Tensor o) override { timed("head_bmm", [&] { in_.head_bmm(x, w, t, o); }); }
+  void mla_prepare(const MlaPrepare& p, const Tensor& pos, const Tensor& slots, const Tensor& f, float s) override {
+    timed("mla_prepare", [&] { in_.mla_prepare(p, pos, slots, f, s); });
+  }
   void mla_attention_absorbed(const Tensor& q, const Tensor& c, const DeviceBatch& b, float s, Tensor o) override {
     timed("mla_attention_absorbed", [&] { in_.mla_attention_absorbed(q, c, b, s, o); });
   }

@@ -81,6 +81,31 @@ struct RowSampling {
   double uniform = 0.0;      // in [0, 1): the request's RNG draw for this token
 };
 
+// MLA's per-token work between the input projections and the attention
+// (Backend::mla_prepare). Sources are row-major {T, width} activations whose
+// rows may hold more than a part reads: the fused q / kv_a projection output
+// holds both, at their column offsets. A part runs when its output is defined.
+struct MlaPrepare {
+  // Latent write: cache{S, L + R}[out_slots[t]] = [rmsnorm(c_kv) * kv_norm |
+  // rope(k_pe)], where [c_kv{L} | k_pe{R}] = kv[t, kv_col : kv_col + L + R]
+  // and L = kv_norm.numel().
+  Tensor kv, kv_norm, cache;
+  int64_t kv_col = 0;
+  // q_a norm (q_lora_rank set): q_a_out{T, Q}[t] = rmsnorm(q_a[t, q_a_col :
+  // q_a_col + Q]) * q_a_norm, Q = q_a_norm.numel().
+  Tensor q_a, q_a_norm, q_a_out;
+  int64_t q_a_col = 0;
+  // q split: head h of token t is [q_nope{Dn} | q_pe{R}] at q[t, q_col +
+  // h * (Dn + R) ...], H = q_pe_out.dim(1), Dn = nope_dim. Writes
+  // q_pe_out{T, H, Wp}[t, h, q_pe_col : q_pe_col + R] = rope(q_pe) and, when
+  // q_nope_out{T, H, Wn} is defined, q_nope_out[t, h, :Dn] = q_nope. The
+  // outputs may be q itself (in place: same columns) or another tensor.
+  Tensor q, q_nope_out, q_pe_out;
+  int64_t q_col = 0, nope_dim = 0, q_pe_col = 0;
+  // rmsnorm(x) = x / sqrt(mean(x²) + eps); rope is Backend::rope's rotation.
+  float eps = 1e-6f;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -135,11 +160,20 @@ class Backend {
   virtual void scatter_rows(Tensor cache, const Tensor& rows, const Tensor& slots) = 0;
   // out[i] = cache[slots[i]]
   virtual void gather_rows(const Tensor& cache, const Tensor& slots, Tensor out) = 0;
-  // Per-head matmul: out{T, H, N} = x{T, H, Kx}[:, :, :K] · w[h] where w is
-  // {H, K, N} (transpose_w = false) or {H, N, K} (transpose_w = true), F32 or
-  // act_dtype. Kx >= K, so q_nope is read in place from q{T, H, Dn + R}. The
-  // absorbed-MLA q_nope·W_UK and o_latent·W_UVᵀ products.
+  // Per-head matmul: out{T, H, No}[:, :, :N] = x{T, H, Kx}[:, :, :K] · w[h]
+  // where w is {H, K, N} (transpose_w = false) or {H, N, K} (transpose_w =
+  // true), F32 or act_dtype. Kx >= K, so q_nope is read in place from
+  // q{T, H, Dn + R}; No >= N, so q_nope·W_UK lands in place in the first L
+  // columns of the absorbed attention's q{T, H, L + R} (columns N .. No are
+  // left as they are). The absorbed-MLA q_nope·W_UK and o_latent·W_UVᵀ products.
   virtual void head_bmm(const Tensor& x, const Tensor& w, bool transpose_w, Tensor out) = 0;
+
+  // All parts of p (see MlaPrepare) for the tokens at positions{T} I32,
+  // writing latent rows to out_slots{T} I32; R = 2 * inv_freq.numel(). One
+  // launch on CUDA where the unfused form took a norm, two ropes, column
+  // copies and a scatter.
+  virtual void mla_prepare(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots,
+                           const Tensor& inv_freq, float cos_sin_scale) = 0;
 
   // Absorbed MLA (decode, or any batch): q{T, H, L + R} = [q_latent | q_pe]
   // in the layout of the cache rows; cache{S, L + R} holds [c_kv | k_pe] per

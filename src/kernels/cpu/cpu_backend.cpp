@@ -259,15 +259,23 @@ class CpuBackend final : public Backend {
     check_f32(out, "head_bmm", "out");
     const int64_t T = x.dim(0), H = x.dim(1), Kx = x.dim(2);
     const int64_t K = transpose_w ? w.dim(2) : w.dim(1), N = transpose_w ? w.dim(1) : w.dim(2);
-    MLA_CHECK(w.dim(0) == H && K <= Kx && out.shape() == Shape({T, H, N}), "head_bmm: x {} · w {} (transposed: {}) into {}",
-              shape_str(x.shape()), shape_str(w.shape()), transpose_w, shape_str(out.shape()));
+    MLA_CHECK(w.ndim() == 3 && w.dim(0) == H && K <= Kx && out.ndim() == 3 && out.dim(0) == T && out.dim(1) == H &&
+                  out.dim(2) >= N,
+              "head_bmm: x {} · w {} (transposed: {}) into {}", shape_str(x.shape()), shape_str(w.shape()),
+              transpose_w, shape_str(out.shape()));
+    const int64_t No = out.dim(2);
     parallel_for(H, 1, [&](int64_t b, int64_t e) {
       for (int64_t h = b; h < e; ++h) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, transpose_w ? CblasTrans : CblasNoTrans, int(T), int(N), int(K),
                     1.0f, x.data<float>() + h * Kx, int(H * Kx), w.data<float>() + h * K * N,
-                    transpose_w ? int(K) : int(N), 0.0f, out.data<float>() + h * N, int(H * N));
+                    transpose_w ? int(K) : int(N), 0.0f, out.data<float>() + h * No, int(H * No));
       }
     });
+  }
+
+  void mla_prepare(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots, const Tensor& inv_freq,
+                   float cos_sin_scale) override {
+    cpu::mla_prepare(p, positions, out_slots, inv_freq, cos_sin_scale);
   }
 
   void mla_attention_absorbed(const Tensor& q, const Tensor& cache, const DeviceBatch& batch, float scale,

@@ -17,6 +17,9 @@ void weight_rows_f32(const Weight& w, int64_t n0, int64_t n1, float* out);
 // out{T, N} = x{T, K} · Wᵀ (row strides: x ldx, out ldo), f32 accumulation.
 void linear(const float* x, int64_t ldx, int64_t T, const Weight& w, float* out, int64_t ldo);
 
+void mla_prepare(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots, const Tensor& inv_freq,
+                 float cos_sin_scale);
+
 void mla_attention_absorbed(const Tensor& q, const Tensor& cache, const ForwardBatch& batch, float scale,
                             Tensor out);
 void mla_attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& k_pe, const ForwardBatch& batch,

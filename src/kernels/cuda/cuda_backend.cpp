@@ -16,11 +16,13 @@
 #include "kernels/cuda/fp8_quant.h"
 #include "kernels/cuda/mla_absorbed.h"
 #include "kernels/cuda/mla_expanded.h"
+#include "kernels/cuda/mla_prepare.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_router.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/skinny_gemm.h"
+#include "kernels/mla_prepare_dims.h"
 
 namespace mlaserve {
 namespace cuda {
@@ -485,11 +487,53 @@ void CudaBackend::gather_rows(const Tensor& cache, const Tensor& slots, Tensor o
 void CudaBackend::head_bmm(const Tensor& x, const Tensor& w, bool transpose_w, Tensor out) {
   const int64_t T = x.dim(0), H = x.dim(1), Kx = x.dim(2);
   const int64_t K = transpose_w ? w.dim(2) : w.dim(1), N = transpose_w ? w.dim(1) : w.dim(2);
-  MLA_CHECK(w.ndim() == 3 && w.dim(0) == H && K <= Kx && out.shape() == Shape({T, H, N}),
+  MLA_CHECK(w.ndim() == 3 && w.dim(0) == H && K <= Kx && out.ndim() == 3 && out.dim(0) == T && out.dim(1) == H &&
+                out.dim(2) >= N,
             "head_bmm: x {} · w {} (transposed: {}) into {}", shape_str(x.shape()), shape_str(w.shape()),
             transpose_w, shape_str(out.shape()));
   gemm_->head_bmm(bf(x, "head_bmm", "x"), as_bf16(w, "head_bmm"), transpose_w, T, H, Kx, K, N,
-                  bf(out, "head_bmm", "out"), stream_);
+                  bf(out, "head_bmm", "out"), out.dim(2), stream_);
+}
+
+void CudaBackend::mla_prepare(const MlaPrepare& mp, const Tensor& positions, const Tensor& out_slots,
+                              const Tensor& inv_freq, float cos_sin_scale) {
+  const MlaPrepareDims d = check_mla_prepare(mp, positions, out_slots, inv_freq);
+  check_dev(inv_freq, DType::F32, "mla_prepare", "inv_freq");
+  MlaPrepareParams p;
+  p.positions = i32(positions, "mla_prepare", "positions");
+  p.inv_freq = inv_freq.data<float>();
+  p.num_tokens = int(d.tokens);
+  p.num_freqs = int(d.rope / 2);
+  p.cos_sin_scale = cos_sin_scale;
+  p.eps = mp.eps;
+  if (d.latent_write) {
+    p.out_slots = i32(out_slots, "mla_prepare", "out_slots");
+    p.kv = bf(mp.kv, "mla_prepare", "kv") + mp.kv_col;
+    p.kv_stride = mp.kv.dim(-1);
+    p.kv_norm = as_bf16(mp.kv_norm, "mla_prepare");
+    p.cache = bf(mp.cache, "mla_prepare", "cache");
+    p.latent_dim = int(d.latent);
+  }
+  if (d.q_a_norm) {
+    p.q_a = bf(mp.q_a, "mla_prepare", "q_a") + mp.q_a_col;
+    p.q_a_stride = mp.q_a.dim(-1);
+    p.q_a_norm = as_bf16(mp.q_a_norm, "mla_prepare");
+    p.q_a_out = bf(mp.q_a_out, "mla_prepare", "q_a_out");
+    p.q_a_dim = int(d.q_a);
+  }
+  if (d.q_split) {
+    p.q = bf(mp.q, "mla_prepare", "q") + mp.q_col;
+    p.q_stride = mp.q.dim(-1);
+    p.q_pe_out = bf(mp.q_pe_out, "mla_prepare", "q_pe_out") + mp.q_pe_col;
+    p.q_pe_width = mp.q_pe_out.dim(2);
+    if (mp.q_nope_out.defined()) {
+      p.q_nope_out = bf(mp.q_nope_out, "mla_prepare", "q_nope_out");
+      p.q_nope_width = mp.q_nope_out.dim(2);
+    }
+    p.num_heads = int(d.heads);
+    p.nope_dim = int(d.nope);
+  }
+  cuda::mla_prepare(p, stream_);
 }
 
 void CudaBackend::mla_attention_absorbed(const Tensor& q, const Tensor& cache, const DeviceBatch& batch, float scale,

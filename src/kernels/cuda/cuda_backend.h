@@ -47,6 +47,8 @@ class CudaBackend final : public Backend {
   void scatter_rows(Tensor cache, const Tensor& rows, const Tensor& slots) override;
   void gather_rows(const Tensor& cache, const Tensor& slots, Tensor out) override;
   void head_bmm(const Tensor& x, const Tensor& w, bool transpose_w, Tensor out) override;
+  void mla_prepare(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots, const Tensor& inv_freq,
+                   float cos_sin_scale) override;
   void mla_attention_absorbed(const Tensor& q, const Tensor& cache, const DeviceBatch& batch, float scale,
                               Tensor out) override;
   void mla_attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& k_pe, const DeviceBatch& batch,

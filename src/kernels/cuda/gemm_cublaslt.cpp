@@ -84,11 +84,18 @@ void CublasLtGemm::linear(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_
 void CublasLtGemm::head_bmm(const __nv_bfloat16* x, const __nv_bfloat16* w, bool transpose_w, int64_t tokens,
                             int64_t heads, int64_t x_head_stride, int64_t k, int64_t n, __nv_bfloat16* out,
                             cudaStream_t stream) {
-  // Per head h, column-major out_h^T{n, T} (ld H*n) = op(w_h){n, k} · x_h^T{k, T} (ld H*Kx).
+  head_bmm(x, w, transpose_w, tokens, heads, x_head_stride, k, n, out, n, stream);
+}
+
+void CublasLtGemm::head_bmm(const __nv_bfloat16* x, const __nv_bfloat16* w, bool transpose_w, int64_t tokens,
+                            int64_t heads, int64_t x_head_stride, int64_t k, int64_t n, __nv_bfloat16* out,
+                            int64_t out_head_stride, cudaStream_t stream) {
+  // Per head h, column-major out_h^T{n, T} (ld H*out_head_stride) = op(w_h){n, k} · x_h^T{k, T} (ld H*Kx).
   // w_h {K, N} row-major is column-major n x k (ld n, no transpose);
   // w_h {N, K} row-major is column-major k x n (ld k, transposed).
   Problem p{.m = n, .n = tokens, .k = k, .batch = heads, .lda = transpose_w ? k : n, .ldb = heads * x_head_stride,
-            .ldc = heads * n, .stride_a = k * n, .stride_b = x_head_stride, .stride_c = n, .trans_a = transpose_w,
+            .ldc = heads * out_head_stride, .stride_a = k * n, .stride_b = x_head_stride, .stride_c = out_head_stride,
+            .trans_a = transpose_w,
             .out_f32 = false};
   run(p, w, x, out, stream);
 }

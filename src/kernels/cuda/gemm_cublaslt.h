@@ -34,6 +34,11 @@ class CublasLtGemm {
   void head_bmm(const __nv_bfloat16* x, const __nv_bfloat16* w, bool transpose_w, int64_t tokens,
                 int64_t heads, int64_t x_head_stride, int64_t k, int64_t n, __nv_bfloat16* out,
                 cudaStream_t stream);
+  // The same with out{T, H, out_head_stride}[:, :, :N] (out_head_stride >= n):
+  // q_nope·W_UK written straight into the absorbed attention's q rows.
+  void head_bmm(const __nv_bfloat16* x, const __nv_bfloat16* w, bool transpose_w, int64_t tokens,
+                int64_t heads, int64_t x_head_stride, int64_t k, int64_t n, __nv_bfloat16* out,
+                int64_t out_head_stride, cudaStream_t stream);
 
  private:
   // A column-major problem D{m, n} = op(A){m, k} · B{k, n}, batched by strides.

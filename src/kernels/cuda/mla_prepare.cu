@@ -1,0 +1,91 @@
+#include "kernels/cuda/mla_prepare.h"
+
+#include <string>
+
+#include "kernels/cuda/bf16_vec.cuh"
+#include "kernels/cuda/cuda_check.h"
+
+namespace mlaserve::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxFreqs = 256;
+enum Part { kLatentWrite = 0, kQaNorm = 1, kQSplit = 2, kParts = 3 };
+
+// out[i] = x[i] * inv_rms * w[i], rms_norm_kernel's arithmetic (scalar
+// accesses: the rows here are a few hundred values and may start at any column).
+__device__ void norm_row(const __nv_bfloat16* x, const __nv_bfloat16* w, int n, float eps, __nv_bfloat16* out) {
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = __bfloat162float(x[i]);
+    ss += v * v;
+  }
+  const float inv_rms = rsqrtf(block_sum(ss) / float(n) + eps);
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    out[i] = __float2bfloat16_rn(__bfloat162float(x[i]) * inv_rms * __bfloat162float(w[i]));
+}
+
+// rope_kernel's rotation of pair i with cs = {cos, sin} already scaled.
+__device__ __forceinline__ void rotate_pair(const __nv_bfloat16* src, const float* cs, int i, __nv_bfloat16* dst) {
+  const float a = __bfloat162float(src[2 * i]), b = __bfloat162float(src[2 * i + 1]);
+  const float c = cs[2 * i], s = cs[2 * i + 1];
+  dst[2 * i] = __float2bfloat16_rn(a * c - b * s);
+  dst[2 * i + 1] = __float2bfloat16_rn(b * c + a * s);
+}
+
+__global__ void __launch_bounds__(kThreads) mla_prepare_kernel(MlaPrepareParams p) {
+  const int64_t t = blockIdx.x;
+  const int part = blockIdx.y;
+  if (part == kQaNorm) {
+    if (p.q_a_out) norm_row(p.q_a + t * p.q_a_stride, p.q_a_norm, p.q_a_dim, p.eps, p.q_a_out + t * p.q_a_dim);
+    return;
+  }
+  if ((part == kLatentWrite && !p.cache) || (part == kQSplit && !p.q_pe_out)) return;
+
+  // cos/sin of this token's angles, formed in f32 as rope_kernel does.
+  __shared__ float cs[2 * kMaxFreqs];
+  const float pos = float(p.positions[t]);
+  for (int i = threadIdx.x; i < p.num_freqs; i += blockDim.x) {
+    float s, c;
+    sincosf(pos * p.inv_freq[i], &s, &c);
+    cs[2 * i] = c * p.cos_sin_scale;
+    cs[2 * i + 1] = s * p.cos_sin_scale;
+  }
+  __syncthreads();
+  const int R = 2 * p.num_freqs;
+
+  if (part == kLatentWrite) {
+    const __nv_bfloat16* src = p.kv + t * p.kv_stride;
+    __nv_bfloat16* row = p.cache + int64_t(p.out_slots[t]) * (p.latent_dim + R);
+    norm_row(src, p.kv_norm, p.latent_dim, p.eps, row);
+    for (int i = threadIdx.x; i < p.num_freqs; i += blockDim.x)
+      rotate_pair(src + p.latent_dim, cs, i, row + p.latent_dim);
+    return;
+  }
+
+  const int H = p.num_heads, Dn = p.nope_dim;
+  const __nv_bfloat16* q = p.q + t * p.q_stride;
+  if (p.q_nope_out) {
+    for (int i = threadIdx.x; i < H * Dn; i += blockDim.x) {
+      const int h = i / Dn, d = i % Dn;
+      p.q_nope_out[(t * H + h) * p.q_nope_width + d] = q[int64_t(h) * (Dn + R) + d];
+    }
+  }
+  for (int i = threadIdx.x; i < H * p.num_freqs; i += blockDim.x) {
+    const int h = i / p.num_freqs, f = i % p.num_freqs;
+    rotate_pair(q + int64_t(h) * (Dn + R) + Dn, cs, f, p.q_pe_out + (t * H + h) * p.q_pe_width);
+  }
+}
+
+}  // namespace
+
+void mla_prepare(const MlaPrepareParams& p, cudaStream_t stream) {
+  MLA_CUDA_REQUIRE(p.num_freqs > 0 && p.num_freqs <= kMaxFreqs,
+                   "mla_prepare: " + std::to_string(p.num_freqs) + " rope frequencies (1 to " +
+                       std::to_string(kMaxFreqs) + " supported)");
+  if (p.num_tokens == 0 || !(p.cache || p.q_a_out || p.q_pe_out)) return;
+  mla_prepare_kernel<<<dim3(unsigned(p.num_tokens), kParts), kThreads, 0, stream>>>(p);
+  check_launch("mla_prepare");
+}
+
+}  // namespace mlaserve::cuda

@@ -1,0 +1,47 @@
+#pragma once
+// Backend::mla_prepare in one launch: one block per (token, part), the parts
+// being the latent write (kv_a_layernorm of c_kv, rope of k_pe, the row
+// stored at its cache slot), the q_a norm and the q split (rope of each head's
+// q_pe, copy of q_nope). The arithmetic is rms_norm's and rope's, so results
+// equal the unfused ops up to the order of the norm's sum.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace mlaserve::cuda {
+
+// Pointers already point at the part's first column; strides are in elements.
+// A part with a null output is skipped.
+struct MlaPrepareParams {
+  const int32_t* positions = nullptr;  // {T}
+  const int32_t* out_slots = nullptr;  // {T}
+  const float* inv_freq = nullptr;     // {F}, R = 2F
+  int num_tokens = 0, num_freqs = 0;
+  float cos_sin_scale = 1.0f, eps = 1e-6f;
+
+  // Latent write: cache[out_slots[t]] = [norm(kv[t, :L]) | rope(kv[t, L : L + R])].
+  const __nv_bfloat16* kv = nullptr;
+  const __nv_bfloat16* kv_norm = nullptr;  // {L}
+  __nv_bfloat16* cache = nullptr;          // {S, L + R}
+  int64_t kv_stride = 0;
+  int latent_dim = 0;
+
+  // q_a norm: q_a_out[t] = norm(q_a[t, :Q]).
+  const __nv_bfloat16* q_a = nullptr;
+  const __nv_bfloat16* q_a_norm = nullptr;  // {Q}
+  __nv_bfloat16* q_a_out = nullptr;         // {T, Q}
+  int64_t q_a_stride = 0;
+  int q_a_dim = 0;
+
+  // q split: head h of token t at q + t * q_stride + h * (Dn + R).
+  const __nv_bfloat16* q = nullptr;
+  __nv_bfloat16* q_nope_out = nullptr;  // head h at + (t * H + h) * q_nope_width, or null
+  __nv_bfloat16* q_pe_out = nullptr;    // head h at + (t * H + h) * q_pe_width
+  int64_t q_stride = 0, q_nope_width = 0, q_pe_width = 0;
+  int num_heads = 0, nope_dim = 0;
+};
+
+void mla_prepare(const MlaPrepareParams& p, cudaStream_t stream);
+
+}  // namespace mlaserve::cuda

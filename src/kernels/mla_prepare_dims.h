@@ -1,0 +1,25 @@
+#pragma once
+// The sizes of one Backend::mla_prepare call, checked against each other in
+// one place so every backend rejects the same malformed calls with the same
+// message.
+#include <cstdint>
+
+#include "kernels/backend.h"
+
+namespace mlaserve {
+
+struct MlaPrepareDims {
+  int64_t tokens = 0;
+  int64_t rope = 0;                     // R = 2 * inv_freq.numel()
+  int64_t latent = 0;                   // L (latent write)
+  int64_t q_a = 0;                      // Q (q_a norm)
+  int64_t heads = 0, nope = 0;          // H, Dn (q split)
+  bool latent_write = false, q_a_norm = false, q_split = false;
+};
+
+// Throws an Error naming the offending tensor when the parts of p do not fit
+// together (widths, column ranges, token counts, index dtypes).
+MlaPrepareDims check_mla_prepare(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots,
+                                 const Tensor& inv_freq);
+
+}  // namespace mlaserve
