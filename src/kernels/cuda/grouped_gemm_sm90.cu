@@ -1,0 +1,724 @@
+#include "kernels/cuda/grouped_gemm_sm90.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/cuda/bf16_vec.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/fp8_common.cuh"
+#include "kernels/cuda/grouped_gemm_sm90.cuh"
+
+namespace mlaserve::cuda {
+namespace {
+
+using sm90::fence_registers;
+using sm90::mbar_arrive;
+using sm90::mbar_arrive_expect_tx;
+using sm90::mbar_wait;
+using sm90::smem_u32;
+using sm90::tma_load_2d;
+using sm90::wgmma_desc;
+
+// Every shared-memory tile row is 128 bytes (64 bf16 or 128 e4m3 values of
+// K), the width of the 128-byte swizzle; weight tiles load as 64-row pieces.
+constexpr int kRowBytes = 128, kPieceRows = 64, kThreads = 384;
+
+// bf16: 128 x 256 tiles; the consumer warpgroups split the rows (64 x 256
+// each, one m64n256k16 per 16 of K). 4 stages of 48 KB.
+struct Bf16Tiles {
+  static constexpr bool kFp8 = false;
+  static constexpr int kBlockM = 128, kBlockN = 256, kBlockK = 64, kStages = 4;
+  static constexpr bool kSplitM = true;
+};
+
+// fp8: 64 x 256 tiles; the consumer warpgroups split the columns (64 x 128
+// each), since the per-block promotion holds two accumulator sets (partial
+// and total). 64-row blocks also halve the padding of experts' row runs.
+// 5 stages of 40.25 KB.
+struct Fp8Tiles {
+  static constexpr bool kFp8 = true;
+  static constexpr int kBlockM = 64, kBlockN = 256, kBlockK = 128, kStages = 5;
+  static constexpr bool kSplitM = false;
+};
+
+template <class T>
+struct Layout {
+  static constexpr int kWarpN = T::kSplitM ? T::kBlockN : T::kBlockN / 2;  // columns per consumer warpgroup
+  static constexpr int kAccum = kWarpN / 2;                                // f32 accumulators per thread
+  static constexpr int kABytes = T::kBlockM * kRowBytes;
+  static constexpr int kWBytes = T::kBlockN * kRowBytes;
+  static constexpr int kScaleBytes = T::kFp8 ? T::kBlockM * 4 : 0;
+  static constexpr int kStageBytes = kABytes + kWBytes + kScaleBytes;
+  // + barriers + slack to align the base to 1024 bytes (the swizzle atom).
+  static constexpr int kSmemBytes = T::kStages * kStageBytes + 2 * T::kStages * 8 + 1024;
+  static_assert(kScaleBytes % 128 == 0 || kScaleBytes == 0, "scale tiles keep 128-byte alignment");
+};
+
+enum class Epilogue {
+  kStore,             // out[r, c] = acc
+  kSiluInterleaved8,  // weight rows interleave gate/up by 8 (moe_experts.h): out = silu(gate) * up
+  kSiluHalves,        // weight rows: gate rows, then up rows at up_offset: out = silu(gate) * up
+};
+
+struct GemmArgs {
+  const int32_t* block_expert = nullptr;  // group of each kBlockM-row block; null: one group
+  const int32_t* rows_in_use = nullptr;   // {1}: rows to compute; null: m
+  int m = 0, k = 0;
+  int n_out = 0;      // columns of out
+  int w_rows = 0;     // rows of one group's weight
+  int up_offset = 0;  // kSiluHalves: first up row of a group's weight
+  const float* w_scale = nullptr;  // fp8: {groups, w_scale_rows, k / 128}
+  int w_scale_rows = 0;
+  __nv_bfloat16* out = nullptr;
+  int64_t out_ld = 0;
+};
+
+// Consecutive tiles walk the columns of a band of kBand row blocks, so the
+// CTAs running at once share a few weight tiles and a few A row blocks in L2.
+constexpr int kBand = 16;
+
+__device__ __forceinline__ void tile_coords(int tile, int m_blocks, int n_tiles, int& mb, int& nb) {
+  const int band = tile / (kBand * n_tiles), in_band = tile % (kBand * n_tiles);
+  const int band_rows = min(kBand, m_blocks - band * kBand);
+  nb = in_band / band_rows;
+  mb = band * kBand + in_band % band_rows;
+}
+
+template <class T, Epilogue kEpi>
+__host__ __device__ constexpr int n_tiles_of(int n_out) {
+  return kEpi == Epilogue::kStore ? (n_out + T::kBlockN - 1) / T::kBlockN : n_out / (T::kBlockN / 2);
+}
+
+// First row, within its group's weight, of 64-row piece q of column tile nb.
+template <class T, Epilogue kEpi>
+__device__ __forceinline__ int piece_row(const GemmArgs& args, int nb, int q) {
+  if constexpr (kEpi == Epilogue::kSiluHalves)
+    return nb * (T::kBlockN / 2) + (q / 2) * kPieceRows + (q % 2) * args.up_offset;
+  else
+    return nb * T::kBlockN + q * kPieceRows;
+}
+
+template <class T, Epilogue kEpi>
+__global__ void __launch_bounds__(kThreads, 1)
+    sm90_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w,
+                     const __grid_constant__ CUtensorMap map_a_scale, const GemmArgs args) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = Layout<T>;
+  constexpr int kStages = T::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* a_smem = smem;
+  uint8_t* w_smem = a_smem + kStages * L::kABytes;
+  float* scale_smem = reinterpret_cast<float*>(w_smem + kStages * L::kWBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(scale_smem) + kStages * L::kScaleBytes);
+  uint64_t* empty = full + kStages;
+
+  const int warpgroup = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      sm90::mbar_init(&full[s], 1);
+      sm90::mbar_init(&empty[s], 2 * 128);  // every consumer thread releases
+    }
+    sm90::mbar_init_fence();
+    sm90::tma_prefetch_map(&map_a);
+    sm90::tma_prefetch_map(&map_w);
+    if constexpr (T::kFp8) sm90::tma_prefetch_map(&map_a_scale);
+  }
+  __syncthreads();
+
+  const int rows = args.rows_in_use ? *args.rows_in_use : args.m;
+  const int m_blocks = (rows + T::kBlockM - 1) / T::kBlockM;
+  const int n_tiles = n_tiles_of<T, kEpi>(args.n_out);
+  const int tiles = m_blocks * n_tiles, k_blocks = args.k / T::kBlockK;
+
+  if (warpgroup == 0) {
+    sm90::setmaxnreg_dec40();
+    if (threadIdx.x != 0) return;
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      int mb, nb;
+      tile_coords(tile, m_blocks, n_tiles, mb, nb);
+      const int w_row0 = (args.block_expert ? args.block_expert[mb] : 0) * args.w_rows;
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        mbar_wait(&empty[stage], phase ^ 1);
+        mbar_arrive_expect_tx(&full[stage], L::kStageBytes);
+        tma_load_2d(a_smem + stage * L::kABytes, &map_a, &full[stage], kb * T::kBlockK, mb * T::kBlockM);
+#pragma unroll
+        for (int q = 0; q < T::kBlockN / kPieceRows; ++q)
+          tma_load_2d(w_smem + stage * L::kWBytes + q * kPieceRows * kRowBytes, &map_w, &full[stage],
+                      kb * T::kBlockK, w_row0 + piece_row<T, kEpi>(args, nb, q));
+        if constexpr (T::kFp8)
+          tma_load_2d(scale_smem + stage * T::kBlockM, &map_a_scale, &full[stage], mb * T::kBlockM, kb);
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    return;
+  }
+
+  sm90::setmaxnreg_inc232();
+  const int wg = warpgroup - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const uint32_t a_base = smem_u32(a_smem) + (T::kSplitM ? wg * 64 * kRowBytes : 0);
+  const uint32_t w_base = smem_u32(w_smem) + (T::kSplitM ? 0 : wg * L::kWarpN * kRowBytes);
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    int mb, nb;
+    tile_coords(tile, m_blocks, n_tiles, mb, nb);
+    float acc[L::kAccum];
+#pragma unroll
+    for (int i = 0; i < L::kAccum; ++i) acc[i] = 0.0f;
+
+    if constexpr (!T::kFp8) {
+      // Each K block's products stay in flight while the next block's are
+      // issued; a stage is released once the products reading it are done.
+      int prev_stage = 0;
+      fence_registers(acc);
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        mbar_wait(&full[stage], phase);
+        sm90::wgmma_fence();
+        const uint64_t da = wgmma_desc(a_base + stage * L::kABytes);
+        const uint64_t dw = wgmma_desc(w_base + stage * L::kWBytes);
+#pragma unroll
+        for (int kk = 0; kk < T::kBlockK / 16; ++kk) sm90::wgmma_m64n256k16_bf16(acc, da + 2 * kk, dw + 2 * kk, 1);
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<1>();
+        if (kb > 0) mbar_arrive(&empty[prev_stage]);
+        prev_stage = stage;
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+      sm90::wgmma_wait<0>();
+      fence_registers(acc);
+      if (k_blocks > 0) mbar_arrive(&empty[prev_stage]);
+    } else {
+      // Per 128-wide K block: partial = A_q · W_qᵀ on the tensor cores, then
+      // acc += partial * a_scale(row) * w_scale(piece), in f32.
+      const int group = args.block_expert ? args.block_expert[mb] : 0;
+      const int scale_ld = args.k / 128;
+      const float* w_scale_piece[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row_block = min(piece_row<T, kEpi>(args, nb, 2 * wg + h) / 128, args.w_scale_rows - 1);
+        w_scale_piece[h] = args.w_scale + (int64_t(group) * args.w_scale_rows + row_block) * scale_ld;
+      }
+      const int r0 = warp * 16 + lane / 4;
+      float partial[L::kAccum];
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        const float sw0 = __ldg(w_scale_piece[0] + kb), sw1 = __ldg(w_scale_piece[1] + kb);
+        mbar_wait(&full[stage], phase);
+        sm90::wgmma_fence();
+        const uint64_t da = wgmma_desc(a_base + stage * L::kABytes);
+        const uint64_t dw = wgmma_desc(w_base + stage * L::kWBytes);
+#pragma unroll
+        for (int kk = 0; kk < T::kBlockK / 32; ++kk)
+          sm90::wgmma_m64n128k32_e4m3(partial, da + 2 * kk, dw + 2 * kk, kk > 0 ? 1 : 0);
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        fence_registers(partial);
+        const float* sa = scale_smem + stage * T::kBlockM;
+        const float sa0 = sa[r0], sa1 = sa[r0 + 8];
+        mbar_arrive(&empty[stage]);
+#pragma unroll
+        for (int j = 0; j < L::kAccum / 4; ++j) {
+          const float sw = j < L::kAccum / 8 ? sw0 : sw1;
+          const float s0 = sa0 * sw, s1 = sa1 * sw;
+          acc[4 * j + 0] += partial[4 * j + 0] * s0;
+          acc[4 * j + 1] += partial[4 * j + 1] * s0;
+          acc[4 * j + 2] += partial[4 * j + 2] * s1;
+          acc[4 * j + 3] += partial[4 * j + 3] * s1;
+        }
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+
+    // Epilogue straight from the accumulators: thread holds rows r, r + 8
+    // and column pairs 8j + 2(lane % 4) of each 8-column group j.
+    const int row = mb * T::kBlockM + (T::kSplitM ? wg * 64 : 0) + warp * 16 + lane / 4;
+    const int col0 = nb * T::kBlockN + (T::kSplitM ? 0 : wg * L::kWarpN);  // first accumulator column
+    const int pair = (lane % 4) * 2;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row + 8 * h;
+      if (r >= args.m) continue;
+      __nv_bfloat16* out_row = args.out + int64_t(r) * args.out_ld;
+      if constexpr (kEpi == Epilogue::kStore) {
+#pragma unroll
+        for (int j = 0; j < L::kAccum / 4; ++j) {
+          const int c = col0 + j * 8 + pair;
+          if (c < args.n_out)
+            *reinterpret_cast<__nv_bfloat162*>(out_row + c) =
+                __floats2bfloat162_rn(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        }
+      } else {
+        // Gate and up of the same output columns are both in this thread:
+        // groups 2i / 2i+1 (interleaved by 8) or j / j + half (halves).
+#pragma unroll
+        for (int i = 0; i < L::kAccum / 8; ++i) {
+          const int gj = kEpi == Epilogue::kSiluInterleaved8 ? 2 * i : i;
+          const int uj = kEpi == Epilogue::kSiluInterleaved8 ? 2 * i + 1 : i + L::kAccum / 8;
+          float v[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float g = acc[4 * gj + 2 * h + e], u = acc[4 * uj + 2 * h + e];
+            v[e] = g / (1.0f + __expf(-g)) * u;
+          }
+          const int c = col0 / 2 + i * 8 + pair;
+          *reinterpret_cast<__nv_bfloat162*>(out_row + c) = __floats2bfloat162_rn(v[0], v[1]);
+        }
+      }
+    }
+  }
+#else
+  __trap();  // built for sm_90a only; the host never launches it elsewhere
+#endif
+}
+
+// --- host side ----------------------------------------------------------
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    MLA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found),
+                   "sm90 gemm: driver entry point");
+    MLA_CUDA_REQUIRE(found == cudaDriverEntryPointSuccess && fn, "sm90 gemm: the driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// Row-major {outer, inner} tensor, rows row_bytes apart, loaded in
+// {box_outer, box_inner} boxes; swizzled boxes are one 128-byte row wide.
+CUtensorMap tensor_map(const void* base, CUtensorMapDataType type, uint64_t inner, uint64_t outer, uint64_t row_bytes,
+                       uint32_t box_inner, uint32_t box_outer, bool swizzle_128b, const char* what) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {inner, outer};
+  const cuuint64_t strides[1] = {row_bytes};
+  const cuuint32_t box[2] = {box_inner, box_outer};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(
+      &map, type, 2, const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      swizzle_128b ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MLA_CUDA_REQUIRE(r == CUDA_SUCCESS, std::string("sm90 gemm: cuTensorMapEncodeTiled failed for ") + what +
+                                          " (error " + std::to_string(int(r)) + ")");
+  return map;
+}
+
+CUtensorMap bf16_tile_map(const __nv_bfloat16* base, int64_t rows, int64_t cols, uint32_t box_rows, const char* what) {
+  return tensor_map(base, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, cols, rows, cols * 2, kRowBytes / 2, box_rows, true, what);
+}
+CUtensorMap fp8_tile_map(const uint8_t* base, int64_t rows, int64_t cols, uint32_t box_rows, const char* what) {
+  return tensor_map(base, CU_TENSOR_MAP_DATA_TYPE_UINT8, cols, rows, cols, kRowBytes, box_rows, true, what);
+}
+// Activation scales scale[kb * ld + row]: box of block_m rows of one kb.
+CUtensorMap scale_map(const float* base, int64_t ld, int64_t k_blocks, uint32_t block_m) {
+  return tensor_map(base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, ld, k_blocks, ld * 4, block_m, 1, false,
+                    "activation scales");
+}
+
+int sm_count() {
+  int device = 0, sms = 0;
+  MLA_CUDA_CHECK(cudaGetDevice(&device), "sm90 gemm");
+  MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "sm90 gemm");
+  return sms;
+}
+
+template <class T, Epilogue kEpi>
+void launch_gemm(const CUtensorMap& map_a, const CUtensorMap& map_w, const CUtensorMap& map_a_scale,
+                 const GemmArgs& args, int max_m_blocks, cudaStream_t stream, const char* op) {
+  auto kernel = sm90_gemm_kernel<T, kEpi>;
+  constexpr int smem = Layout<T>::kSmemBytes;
+  static const bool attribute_set = [&] {
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), op);
+    return true;
+  }();
+  (void)attribute_set;
+  const int max_tiles = max_m_blocks * n_tiles_of<T, kEpi>(args.n_out);
+  const int grid = std::min(sm_count(), max_tiles);
+  if (grid <= 0) return;
+  kernel<<<grid, kThreads, smem, stream>>>(map_a, map_w, map_a_scale, args);
+  check_launch(op);
+}
+
+// dst[m] = src row sorted_ids[m] / top_k (zeros for pads), m < *rows_in_use.
+// One warp per row.
+__global__ void gather_rows_kernel(const __nv_bfloat16* src, const int32_t* sorted_ids, int top_k, int sentinel,
+                                   const int32_t* rows_in_use, int width, __nv_bfloat16* dst) {
+  const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  if (row >= *rows_in_use) return;
+  const int id = sorted_ids[row];
+  const __nv_bfloat16* s = id == sentinel ? nullptr : src + int64_t(id / top_k) * width;
+  for (int d = (threadIdx.x % 32) * 8; d < width; d += 256) {
+    Bf16x8 v;
+    if (s) {
+      v = Bf16x8::load(s + d);
+    } else {
+      *reinterpret_cast<uint4*>(&v) = make_uint4(0, 0, 0, 0);
+    }
+    v.store(dst + row * width + d);
+  }
+}
+
+// q[m], scale[kb * scale_ld + m] = 1x128 quantization of a source row: with
+// sorted_ids, row sorted_ids[m] / top_k of src (zeros for pads), else row m.
+// One warp per row, each half-warp one 128-wide group at a time.
+__global__ void gather_quantize_kernel(const __nv_bfloat16* src, const int32_t* sorted_ids, int top_k, int sentinel,
+                                       const int32_t* rows_in_use, int width, uint8_t* q, float* scale,
+                                       int64_t scale_ld) {
+  const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  if (row >= *rows_in_use) return;
+  const __nv_bfloat16* s = src + row * width;
+  if (sorted_ids) {
+    const int id = sorted_ids[row];
+    s = id == sentinel ? nullptr : src + int64_t(id / top_k) * width;
+  }
+  const int lane = threadIdx.x % 32, half = lane / 16, j = lane % 16, groups = width / kFp8Group;
+  for (int g0 = 0; g0 < groups; g0 += 2) {
+    const int g = g0 + half;
+    float v[8] = {};
+    if (s && g < groups) Bf16x8::load(s + g * kFp8Group + j * 8).to_float(v);
+    const QuantizedGroupPart part = quantize_group_16lanes(v);  // both halves call it together
+    if (g < groups) {
+      *reinterpret_cast<uint2*>(q + row * width + g * kFp8Group + j * 8) = part.q;
+      if (j == 0) scale[g * scale_ld + row] = part.scale;
+    }
+  }
+}
+
+// The experts' slots of a token (grouped_gemm_sm90.h): routed ones first,
+// then the shared ones with weight 1.
+struct Slots {
+  const int32_t* topk_ids;
+  const float* topk_weights;
+  int top_k, num_shared, num_experts;
+
+  __host__ __device__ int per_token() const { return top_k + num_shared; }
+  __device__ int expert(int slot) const {
+    const int t = slot / per_token(), j = slot % per_token();
+    return j < top_k ? topk_ids[t * top_k + j] : num_experts + j - top_k;
+  }
+  __device__ float weight(int slot) const {
+    const int t = slot / per_token(), j = slot % per_token();
+    return j < top_k ? topk_weights[t * top_k + j] : 1.0f;
+  }
+};
+
+// Counting sort of the slots by expert in one block: each expert's run
+// starts on a block_m boundary, pads hold the sentinel `slot_count`;
+// block_expert[b] is the expert of rows [b * block_m, (b + 1) * block_m),
+// position[slot] the slot's row.
+__global__ void align_kernel(Slots slots, int slot_count, int total_experts, int block_m, int max_rows,
+                             int32_t* sorted_ids, int32_t* block_expert, int32_t* rows_in_use, int32_t* position) {
+  extern __shared__ int32_t counts[];
+  int32_t* count = counts;                       // [E]
+  int32_t* offset = count + total_experts;       // [E + 1]
+  int32_t* cursor = offset + total_experts + 1;  // [E]
+  for (int e = threadIdx.x; e < total_experts; e += blockDim.x) count[e] = cursor[e] = 0;
+  for (int i = threadIdx.x; i < max_rows; i += blockDim.x) sorted_ids[i] = slot_count;
+  __syncthreads();
+  for (int i = threadIdx.x; i < slot_count; i += blockDim.x) atomicAdd(&count[slots.expert(i)], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    offset[0] = 0;
+    for (int e = 0; e < total_experts; ++e) offset[e + 1] = offset[e] + (count[e] + block_m - 1) / block_m * block_m;
+    *rows_in_use = offset[total_experts];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < total_experts; e += blockDim.x)
+    for (int b = offset[e] / block_m; b < offset[e + 1] / block_m; ++b) block_expert[b] = e;
+  for (int i = threadIdx.x; i < slot_count; i += blockDim.x) {
+    const int e = slots.expert(i);
+    const int pos = offset[e] + atomicAdd(&cursor[e], 1);
+    sorted_ids[pos] = i;
+    position[i] = pos;
+  }
+}
+
+// out[t] = addend[t] (if any) + sum over the token's slots of weight * y[position],
+// f32 sums in slot order. One block per token.
+__global__ void combine_kernel(const __nv_bfloat16* y, const int32_t* position, Slots slots,
+                               const __nv_bfloat16* addend, int hidden, __nv_bfloat16* out) {
+  constexpr int kMaxSlots = 16;
+  const int64_t t = blockIdx.x;
+  const int per_token = slots.per_token();
+  int64_t row[kMaxSlots];
+  float wt[kMaxSlots];
+#pragma unroll
+  for (int j = 0; j < kMaxSlots; ++j) {
+    const int slot = int(t) * per_token + j;
+    row[j] = j < per_token ? int64_t(position[slot]) * hidden : 0;
+    wt[j] = j < per_token ? slots.weight(slot) : 0.0f;
+  }
+  for (int d = threadIdx.x * 8; d < hidden; d += blockDim.x * 8) {
+    float acc[8] = {};
+    if (addend) Bf16x8::load(addend + t * hidden + d).to_float(acc);
+#pragma unroll
+    for (int j = 0; j < kMaxSlots; ++j) {
+      if (j < per_token) {
+        float v[8];
+        Bf16x8::load(y + row[j] + d).to_float(v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] += wt[j] * v[i];
+      }
+    }
+    Bf16x8::from_float(acc).store(out + t * hidden + d);
+  }
+}
+
+// Workspace pieces, carved from one allocation (null base: size only).
+class Carver {
+ public:
+  explicit Carver(void* base) : base_(static_cast<char*>(base)) {}
+  template <typename E>
+  E* take(size_t count) {
+    char* r = base_ ? base_ + offset_ : nullptr;
+    offset_ += (count * sizeof(E) + 255) / 256 * 256;
+    return reinterpret_cast<E*>(r);
+  }
+  size_t bytes() const { return offset_; }
+
+ private:
+  char* base_;
+  size_t offset_ = 0;
+};
+
+struct MoeRows {
+  Slots slots;
+  int slot_count, total_experts, block_m, max_blocks, max_rows;
+};
+
+MoeRows moe_rows(const Sm90MoeParams& p, int block_m) {
+  MoeRows r;
+  r.slots = Slots{p.topk_ids, p.topk_weights, p.top_k, p.num_shared, p.num_experts};
+  r.slot_count = p.num_tokens * r.slots.per_token();
+  r.total_experts = p.num_experts + p.num_shared;
+  r.block_m = block_m;
+  // Each expert's run adds at most one partly filled block.
+  r.max_blocks = (r.slot_count + block_m - 1) / block_m + std::min(r.total_experts, r.slot_count);
+  r.max_rows = r.max_blocks * block_m;
+  return r;
+}
+
+struct AlignedRows {
+  int32_t *sorted_ids, *block_expert, *rows_in_use, *position;
+};
+
+AlignedRows carve_align(Carver& c, const MoeRows& r) {
+  AlignedRows a;
+  a.sorted_ids = c.take<int32_t>(r.max_rows);
+  a.block_expert = c.take<int32_t>(r.max_blocks);
+  a.rows_in_use = c.take<int32_t>(1);
+  a.position = c.take<int32_t>(r.slot_count);
+  return a;
+}
+
+void align(const MoeRows& r, const AlignedRows& a, cudaStream_t stream, const char* op) {
+  const size_t smem = sizeof(int32_t) * (3 * r.total_experts + 1);
+  align_kernel<<<1, 1024, smem, stream>>>(r.slots, r.slot_count, r.total_experts, r.block_m, r.max_rows,
+                                          a.sorted_ids, a.block_expert, a.rows_in_use, a.position);
+  check_launch(op);
+}
+
+struct Bf16MoeWorkspace {
+  AlignedRows rows;
+  __nv_bfloat16 *x_sorted, *act, *down;
+};
+
+Bf16MoeWorkspace carve_bf16(void* base, const MoeRows& r, int hidden, int inter, size_t* bytes) {
+  Carver c(base);
+  Bf16MoeWorkspace w;
+  w.rows = carve_align(c, r);
+  w.x_sorted = c.take<__nv_bfloat16>(size_t(r.max_rows) * hidden);
+  w.act = c.take<__nv_bfloat16>(size_t(r.max_rows) * inter);
+  w.down = c.take<__nv_bfloat16>(size_t(r.max_rows) * hidden);
+  if (bytes) *bytes = c.bytes();
+  return w;
+}
+
+struct Fp8MoeWorkspace {
+  AlignedRows rows;
+  uint8_t *x_q, *act_q;
+  float *x_scale, *act_scale;
+  __nv_bfloat16 *act, *down;
+};
+
+Fp8MoeWorkspace carve_fp8(void* base, const MoeRows& r, int hidden, int inter, size_t* bytes) {
+  Carver c(base);
+  Fp8MoeWorkspace w;
+  w.rows = carve_align(c, r);
+  w.x_q = c.take<uint8_t>(size_t(r.max_rows) * hidden);
+  w.x_scale = c.take<float>(size_t(r.max_rows) * (hidden / kFp8Group));
+  w.act = c.take<__nv_bfloat16>(size_t(r.max_rows) * inter);
+  w.act_q = c.take<uint8_t>(size_t(r.max_rows) * inter);
+  w.act_scale = c.take<float>(size_t(r.max_rows) * (inter / kFp8Group));
+  w.down = c.take<__nv_bfloat16>(size_t(r.max_rows) * hidden);
+  if (bytes) *bytes = c.bytes();
+  return w;
+}
+
+void check_moe_shape(const Sm90MoeParams& p, const char* op) {
+  MLA_CUDA_REQUIRE(p.num_experts > 0 && p.top_k > 0 && p.top_k <= p.num_experts && p.num_shared >= 0 &&
+                       p.top_k + p.num_shared <= 16 && p.num_tokens >= 0,
+                   std::string(op) + ": top_k " + std::to_string(p.top_k) + " must be in [1, experts " +
+                       std::to_string(p.num_experts) + "] and top_k + shared " + std::to_string(p.num_shared) +
+                       " at most 16");
+  MLA_CUDA_REQUIRE(p.hidden > 0 && p.hidden % 256 == 0 && p.inter > 0 && p.inter % 128 == 0,
+                   std::string(op) + ": hidden " + std::to_string(p.hidden) + " must be a multiple of 256 and inter " +
+                       std::to_string(p.inter) + " of 128");
+  MLA_CUDA_REQUIRE(sm90_gemm_supported(), std::string(op) + ": needs a compute capability 9.0 (Hopper) GPU");
+}
+
+}  // namespace
+
+bool sm90_gemm_supported() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) return false;
+  return major == 9 && minor == 0;
+}
+
+size_t moe_experts_sm90_workspace_bytes(const Sm90MoeParams& p) {
+  size_t bytes = 0;
+  carve_bf16(nullptr, moe_rows(p, kSm90Bf16BlockM), p.hidden, p.inter, &bytes);
+  return bytes;
+}
+
+void moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
+  check_moe_shape(p, "moe_experts_sm90");
+  if (p.num_tokens == 0) return;
+  const MoeRows r = moe_rows(p, kSm90Bf16BlockM);
+  const Bf16MoeWorkspace w = carve_bf16(workspace, r, p.hidden, p.inter, nullptr);
+  align(r, w.rows, stream, "sm90 moe align");
+  gather_rows_kernel<<<r.max_rows / 8, 256, 0, stream>>>(p.x, w.rows.sorted_ids, r.slots.per_token(), r.slot_count,
+                                                         w.rows.rows_in_use, p.hidden, w.x_sorted);
+  check_launch("sm90 moe gather");
+
+  const auto* w_gate_up = static_cast<const __nv_bfloat16*>(p.w_gate_up);
+  const auto* w_down = static_cast<const __nv_bfloat16*>(p.w_down);
+  const CUtensorMap unused{};
+  GemmArgs g;
+  g.block_expert = w.rows.block_expert;
+  g.rows_in_use = w.rows.rows_in_use;
+  g.m = r.max_rows;
+  g.k = p.hidden;
+  g.n_out = p.inter;
+  g.w_rows = 2 * p.inter;
+  g.out = w.act;
+  g.out_ld = p.inter;
+  launch_gemm<Bf16Tiles, Epilogue::kSiluInterleaved8>(
+      bf16_tile_map(w.x_sorted, r.max_rows, p.hidden, Bf16Tiles::kBlockM, "gathered x"),
+      bf16_tile_map(w_gate_up, int64_t(r.total_experts) * 2 * p.inter, p.hidden, kPieceRows, "gate_up weights"),
+      unused, g, r.max_blocks, stream, "sm90 moe gate_up");
+
+  g.k = p.inter;
+  g.n_out = p.hidden;
+  g.w_rows = p.hidden;
+  g.out = w.down;
+  g.out_ld = p.hidden;
+  launch_gemm<Bf16Tiles, Epilogue::kStore>(
+      bf16_tile_map(w.act, r.max_rows, p.inter, Bf16Tiles::kBlockM, "activations"),
+      bf16_tile_map(w_down, int64_t(r.total_experts) * p.hidden, p.inter, kPieceRows, "down weights"), unused, g,
+      r.max_blocks, stream, "sm90 moe down");
+
+  combine_kernel<<<p.num_tokens, 128, 0, stream>>>(w.down, w.rows.position, r.slots, p.addend, p.hidden, p.out);
+  check_launch("sm90 moe combine");
+}
+
+size_t fp8_moe_experts_sm90_workspace_bytes(const Sm90MoeParams& p) {
+  size_t bytes = 0;
+  carve_fp8(nullptr, moe_rows(p, kSm90Fp8BlockM), p.hidden, p.inter, &bytes);
+  return bytes;
+}
+
+void fp8_moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
+  check_moe_shape(p, "fp8_moe_experts_sm90");
+  MLA_CUDA_REQUIRE(p.w_gate_up_scale && p.w_down_scale, "fp8_moe_experts_sm90: weight scales missing");
+  if (p.num_tokens == 0) return;
+  const MoeRows r = moe_rows(p, kSm90Fp8BlockM);
+  const Fp8MoeWorkspace w = carve_fp8(workspace, r, p.hidden, p.inter, nullptr);
+  align(r, w.rows, stream, "sm90 fp8 moe align");
+  gather_quantize_kernel<<<r.max_rows / 8, 256, 0, stream>>>(p.x, w.rows.sorted_ids, r.slots.per_token(),
+                                                             r.slot_count, w.rows.rows_in_use, p.hidden, w.x_q,
+                                                             w.x_scale, r.max_rows);
+  check_launch("sm90 fp8 moe gather+quantize");
+
+  const auto* w_gate_up = static_cast<const uint8_t*>(p.w_gate_up);
+  const auto* w_down = static_cast<const uint8_t*>(p.w_down);
+  GemmArgs g;
+  g.block_expert = w.rows.block_expert;
+  g.rows_in_use = w.rows.rows_in_use;
+  g.m = r.max_rows;
+  g.k = p.hidden;
+  g.n_out = p.inter;
+  g.w_rows = 2 * p.inter;
+  g.up_offset = p.inter;
+  g.w_scale = p.w_gate_up_scale;
+  g.w_scale_rows = 2 * p.inter / kFp8Group;
+  g.out = w.act;
+  g.out_ld = p.inter;
+  launch_gemm<Fp8Tiles, Epilogue::kSiluHalves>(
+      fp8_tile_map(w.x_q, r.max_rows, p.hidden, Fp8Tiles::kBlockM, "quantized x"),
+      fp8_tile_map(w_gate_up, int64_t(r.total_experts) * 2 * p.inter, p.hidden, kPieceRows, "gate_up weights"),
+      scale_map(w.x_scale, r.max_rows, p.hidden / kFp8Group, Fp8Tiles::kBlockM), g, r.max_blocks, stream,
+      "sm90 fp8 moe gate_up");
+
+  gather_quantize_kernel<<<r.max_rows / 8, 256, 0, stream>>>(w.act, nullptr, 1, -1, w.rows.rows_in_use, p.inter,
+                                                             w.act_q, w.act_scale, r.max_rows);
+  check_launch("sm90 fp8 moe act quantize");
+
+  g.k = p.inter;
+  g.n_out = p.hidden;
+  g.w_rows = p.hidden;
+  g.up_offset = 0;
+  g.w_scale = p.w_down_scale;
+  g.w_scale_rows = p.hidden / kFp8Group;
+  g.out = w.down;
+  g.out_ld = p.hidden;
+  launch_gemm<Fp8Tiles, Epilogue::kStore>(
+      fp8_tile_map(w.act_q, r.max_rows, p.inter, Fp8Tiles::kBlockM, "quantized activations"),
+      fp8_tile_map(w_down, int64_t(r.total_experts) * p.hidden, p.inter, kPieceRows, "down weights"),
+      scale_map(w.act_scale, r.max_rows, p.inter / kFp8Group, Fp8Tiles::kBlockM), g, r.max_blocks, stream,
+      "sm90 fp8 moe down");
+
+  combine_kernel<<<p.num_tokens, 128, 0, stream>>>(w.down, w.rows.position, r.slots, p.addend, p.hidden, p.out);
+  check_launch("sm90 fp8 moe combine");
+}
+
+void fp8_gemm_sm90(const Sm90Fp8GemmParams& p, cudaStream_t stream) {
+  MLA_CUDA_REQUIRE(p.m >= 0 && p.n > 0 && p.n % 8 == 0 && p.k > 0 && p.k % kFp8Group == 0 && p.a_scale_ld % 4 == 0 &&
+                       p.a_scale_ld >= p.m,
+                   "fp8_gemm_sm90: needs n % 8 == 0, k % 128 == 0 and a_scale_ld >= m a multiple of 4 (m " +
+                       std::to_string(p.m) + ", n " + std::to_string(p.n) + ", k " + std::to_string(p.k) + ")");
+  MLA_CUDA_REQUIRE(sm90_gemm_supported(), "fp8_gemm_sm90: needs a compute capability 9.0 (Hopper) GPU");
+  if (p.m == 0) return;
+  GemmArgs g;
+  g.m = p.m;
+  g.k = p.k;
+  g.n_out = p.n;
+  g.w_rows = p.n;
+  g.w_scale = p.w_scale;
+  g.w_scale_rows = (p.n + kFp8Group - 1) / kFp8Group;
+  g.out = p.out;
+  g.out_ld = p.n;
+  launch_gemm<Fp8Tiles, Epilogue::kStore>(fp8_tile_map(p.a, p.m, p.k, Fp8Tiles::kBlockM, "a"),
+                                          fp8_tile_map(p.w, p.n, p.k, kPieceRows, "w"),
+                                          scale_map(p.a_scale, p.a_scale_ld, p.k / kFp8Group, Fp8Tiles::kBlockM), g,
+                                          (p.m + Fp8Tiles::kBlockM - 1) / Fp8Tiles::kBlockM, stream,
+                                          "sm90 fp8 gemm");
+}
+
+}  // namespace mlaserve::cuda

@@ -1,0 +1,84 @@
+#pragma once
+// Hopper (sm_90a) grouped GEMMs for the MoE experts and block-FP8 linears:
+// wgmma tensor-core products fed by TMA bulk-tensor loads into a multi-stage
+// shared-memory ring (mbarrier full/empty pairs), one producer warpgroup and
+// two consumer warpgroups, persistent over the output tiles.
+//
+//   bf16: 128 x 256 tiles (each consumer warpgroup 64 x 256), K blocks of 64.
+//   fp8:  64 x 256 tiles (each consumer warpgroup 64 x 128), K blocks of 128;
+//         e4m3 x e4m3 wgmma accumulates one 128-wide K block, then the f32
+//         totals add it times (activation scale of the row) x (weight scale
+//         of the 128 x 128 block), DeepSeek's 1x128 / 128x128 scheme.
+//
+// Rows are not gathered by the GEMM: TMA loads rectangles, so the MoE entry
+// points first copy (bf16) or quantize (fp8) x into expert-sorted order, each
+// expert's run padded to the tile's row count, then run gate_up (SiLU-and-mul
+// fused in the epilogue), down and the weighted combine.
+//
+// Only for compute capability 9.0 (sm90_gemm_supported()); the callers keep
+// their portable paths for other GPUs and for short (decode) batches, where
+// padding every expert to 128 or 64 rows wastes the work.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mlaserve::cuda {
+
+// True when the current device is a Hopper GPU (compute capability 9.0).
+bool sm90_gemm_supported();
+
+// Row tile of each path; the MoE align step pads each expert's run to it.
+constexpr int kSm90Bf16BlockM = 128;
+constexpr int kSm90Fp8BlockM = 64;
+
+// MoE experts of one layer. Slots: each token has top_k + num_shared slots;
+// slot j < top_k is routed expert topk_ids[t, j] with weight topk_weights[t, j],
+// slot top_k + i is shared expert i, stacked after the routed ones as expert
+// num_experts + i, with weight 1. out[t] = addend[t] (if given) + sum over
+// the token's slots of weight * down(silu(gate(x[t])) * up(x[t])).
+// Weights stacked over the num_experts + num_shared experts:
+//   bf16: gate_up {E + S, 2I, D} interleaved by 8 rows (moe_experts.h's
+//         gate_up_row()), down {E + S, D, I};
+//   fp8:  gate_up {E + S, 2I, D} e4m3, gate rows then up rows, scales
+//         {E + S, 2I/128, D/128}; down {E + S, D, I}, scales {E + S, D/128, I/128}.
+// hidden % 256 == 0, inter % 128 == 0, top_k + num_shared <= 16.
+struct Sm90MoeParams {
+  const __nv_bfloat16* x = nullptr;  // {T, D}
+  const void* w_gate_up = nullptr;   // __nv_bfloat16 (bf16 path) or e4m3 bytes (fp8 path)
+  const void* w_down = nullptr;
+  const float* w_gate_up_scale = nullptr;  // fp8 path only
+  const float* w_down_scale = nullptr;     // fp8 path only
+  const int32_t* topk_ids = nullptr;       // {T, top_k}
+  const float* topk_weights = nullptr;     // {T, top_k}
+  const __nv_bfloat16* addend = nullptr;   // {T, D} or null
+  int num_tokens = 0, hidden = 0, inter = 0, num_experts = 0, top_k = 0, num_shared = 0;
+  __nv_bfloat16* out = nullptr;  // {T, D}
+};
+
+// bf16 weights, 128 x 256 tiles.
+size_t moe_experts_sm90_workspace_bytes(const Sm90MoeParams& p);
+void moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t stream);
+
+// Block-FP8 weights, 64 x 256 tiles; x is quantized 1x128 while it is
+// gathered, the activations 1x128 after the gate_up epilogue.
+size_t fp8_moe_experts_sm90_workspace_bytes(const Sm90MoeParams& p);
+void fp8_moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t stream);
+
+// --- dense block-FP8 GEMM: out{M, N} = (a * a_scale) · (w * w_scale)ᵀ in bf16.
+// a {M, K} e4m3 with scales a_scale[kb * a_scale_ld + row] (fp8_quant.h's
+// layout, a_scale_ld % 4 == 0), w {N, K} e4m3 with w_scale {ceil(N/128), K/128}.
+// K % 128 == 0, N % 8 == 0.
+struct Sm90Fp8GemmParams {
+  const uint8_t* a = nullptr;
+  const float* a_scale = nullptr;
+  int64_t a_scale_ld = 0;
+  const uint8_t* w = nullptr;
+  const float* w_scale = nullptr;
+  __nv_bfloat16* out = nullptr;
+  int m = 0, n = 0, k = 0;
+};
+void fp8_gemm_sm90(const Sm90Fp8GemmParams& p, cudaStream_t stream);
+
+}  // namespace mlaserve::cuda
