@@ -39,27 +39,57 @@ __device__ __forceinline__ int split_chunk(int attend, int num_splits) {
   return ((attend + num_splits - 1) / num_splits + kBlockN - 1) / kBlockN * kBlockN;
 }
 
-// NOTES: smem rows are padded by 16 bytes (584 bf16 = 73 x 16 B, odd), so the
-// eight 16-byte rows an ldmatrix phase reads fall in distinct bank groups.
-// ~95 KB of smem lets two blocks share an SM: one block's tile loads overlap
-// the other's tensor-core work.
-template <int kL, int kR>
-__global__ void __launch_bounds__(kWarps * 32, 2) mla_absorbed_mma_kernel(MlaAbsorbedParams p) {
-  constexpr int kD = kL + kR, kStride = kD + 8, kPStride = kBlockN + 8;
+// Programmatic dependent launch (sm_90): the primary grid lets its dependent
+// grid start early; the dependent waits for the primary's completion and
+// memory flush before it reads the primary's output. It saves the merge
+// kernel's launch latency (a few us of a bs-1 decode call).
+__device__ __forceinline__ void grid_dependents_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+// Tile rows are kD wide with no padding; the 16-byte chunk c of row r is
+// stored at chunk c ^ (r % 8) (kD / 8 is a multiple of 8, so this never leaves
+// the row): the eight rows an ldmatrix phase reads at one logical chunk land
+// in eight distinct bank groups. Callers precompute the XOR of their lane's
+// row with the few chunk residues they use, so addresses stay immediates.
+__device__ __forceinline__ int swizzle_chunk(int chunk, int row) { return chunk ^ (row & 7); }
+
+// One block: 16 heads of one token over one split of its context, in tiles of
+// kBlockN latent rows streamed through a kStages-deep cp.async ring.
+//
+// Warps form a 2 x 2 grid for q·k: warp (k_half, row_half) scores 16 rows of
+// the tile over half of the 576 dims, with its half of the query tile held in
+// registers (72 registers, loaded once), so no warp re-reads q from shared
+// memory per tile. The partial scores meet in a 4 KB exchange buffer; every
+// warp then sums the full 16 x 32 score tile and runs the same online softmax
+// (redundant but cheap: 16 exp2 per thread), which leaves P in registers in
+// exactly the A-fragment layout of the P·V product, so P never goes through
+// shared memory. Each warp then owns 128 of the 512 output dims.
+//
+// NOTES: two barriers per tile (after the tile lands, after the score
+// exchange). The previous version kept q in shared memory (re-read by every
+// warp for every tile: 72 KB of ~145 KB shared-memory reads a tile), padded
+// rows, P through shared memory and three barriers: 208 us at 128 x 4096
+// (70% of copy bandwidth) on the H200. This one: 169 us (85%). Measured in
+// one run: 2 stages and 3 stages at two blocks per SM within 1% of each
+// other (the gain is the cheaper tile, not more bytes in flight); 4-6 stages
+// at one block per SM 25% slower.
+template <int kL, int kR, int kStages, int kBlocksPerSm>
+__global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) mla_absorbed_mma_kernel(MlaAbsorbedParams p) {
+  constexpr int kD = kL + kR, kLatentSteps = kL / 32, kQkSteps = kLatentSteps + kR / 32;
   constexpr int kDimsPerWarp = kL / kWarps, kNTiles = kDimsPerWarp / 8;
   constexpr int kChunksPerRow = kD / 8;
-  static_assert(kD % 32 == 0 && kDimsPerWarp % 16 == 0, "latent/rope widths must tile by 16");
-  static_assert(kBlockN == 8 * kWarps, "each warp scores 8 latent rows of a tile");
+  static_assert(kWarps == 4 && kBlockN == 32, "2 x 2 warp grid over (dims half, rows half) of a 32-row tile");
+  static_assert(kL % 128 == 0 && kR % 64 == 0 && kDimsPerWarp % 16 == 0,
+                "each warp's latent and rope halves start on 8-chunk swizzle boundaries");
+  static_assert(kStages >= 2, "a ring needs two stages");
 
-  extern __shared__ __align__(16) uint8_t smem_raw[];
-  auto* q_s = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [16][kStride]
-  __nv_bfloat16* kv_s = q_s + kHeadsPerBlock * kStride;     // [2][kBlockN][kStride]
-  __nv_bfloat16* p_s = kv_s + 2 * kBlockN * kStride;        // [16][kPStride]
-  auto* red_max = reinterpret_cast<float*>(p_s + kHeadsPerBlock * kPStride);  // [kWarps][16]
-  float* red_sum = red_max + kWarps * kHeadsPerBlock;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  auto* kv_s = reinterpret_cast<__nv_bfloat16*>(smem_raw);                   // [kStages][kBlockN][kD]
+  auto* score_x = reinterpret_cast<float4*>(kv_s + kStages * kBlockN * kD);  // [kWarps][2 n-tiles][32 lanes]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c2 = (lane % 4) * 2;
+  const int k_half = warp % 2, row_half = warp / 2;
   const int split = blockIdx.x, h0 = blockIdx.y * kHeadsPerBlock, t = blockIdx.z;
   const int heads = min(kHeadsPerBlock, p.num_heads - h0);
   const TokenRange range = token_range(p, t);
@@ -79,110 +109,161 @@ __global__ void __launch_bounds__(kWarps * 32, 2) mla_absorbed_mma_kernel(MlaAbs
     return;
   }
 
-  for (int c = tid; c < kHeadsPerBlock * kChunksPerRow; c += blockDim.x) {
-    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-    const bool valid = r < heads;
-    const __nv_bfloat16* src = p.q + (int64_t(t) * p.num_heads + h0 + (valid ? r : 0)) * kD + col;
-    cp_async_16(q_s + r * kStride + col, src, valid ? 16 : 0);
-  }
   // NOTES: each thread copies 18 chunks of one latent row, so it reads one
   // slot index per tile, and reads it a tile ahead: a dependent global load
   // per chunk (the naive mapping) serialized ~18 L2 round trips per tile.
   static_assert(kBlockN * kLoadersPerRow == kWarps * 32 && kChunksPerRow % kLoadersPerRow == 0, "row mapping");
   const int32_t* slots = p.kv_slots + range.kv_begin;
   const int load_row = tid / kLoadersPerRow, load_chunk0 = tid % kLoadersPerRow;
-  auto slot_of = [&](int tile_start) -> int64_t {
-    const int j = tile_start + load_row;
+  const int num_tiles = (end - begin + kBlockN - 1) / kBlockN;
+  auto slot_of = [&](int tile) -> int64_t {
+    const int j = begin + tile * kBlockN + load_row;
     return j < end ? int64_t(slots[j]) : int64_t(-1);
   };
+  // Chunk load_chunk0 + 4 i: its residue mod 8 alternates between two values.
+  static_assert(kLoadersPerRow == 4, "two chunk residues per loader");
+  const int load_x[2] = {swizzle_chunk(load_chunk0, load_row), swizzle_chunk(load_chunk0 + 4, load_row)};
   auto load_tile = [&](int64_t slot, int buf) {
-    __nv_bfloat16* dst = kv_s + (buf * kBlockN + load_row) * kStride;
+    __nv_bfloat16* dst = kv_s + (buf * kBlockN + load_row) * kD;
     const __nv_bfloat16* src = p.cache + (slot >= 0 ? slot : 0) * kD;
 #pragma unroll
     for (int i = 0; i < kChunksPerRow / kLoadersPerRow; ++i) {
-      const int col = (load_chunk0 + kLoadersPerRow * i) * 8;
-      cp_async_16(dst + col, src + col, slot >= 0 ? 16 : 0);
+      const int chunk = load_chunk0 + kLoadersPerRow * i;
+      // Rows past the split are zero-filled: P is 0 there, and 0 · garbage
+      // could be NaN.
+      cp_async_16(dst + (8 * (i / 2) + load_x[i % 2]) * 8, src + chunk * 8, slot >= 0 ? 16 : 0);
     }
   };
-  load_tile(slot_of(begin), 0);
-  cp_async_commit();
-  int64_t next_slot = slot_of(begin + kBlockN);
+  {  // Prologue: the slot indices of the first kStages - 1 tiles as independent loads, then their rows.
+    int64_t first[kStages - 1];
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) first[s] = slot_of(s);
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < num_tiles) load_tile(first[s], s);
+      cp_async_commit();
+    }
+  }
+  int64_t next_slot = slot_of(kStages - 1);
+
+  // This warp's half of the query tile as m16k16 A fragments (rows: heads):
+  // latent dims [256 k_half, +256) then rope dims [kL + 32 k_half, +32), so
+  // both halves start on 8-chunk boundaries of the swizzle.
+  uint32_t qf[kQkSteps][4];
+  auto qk_dim = [&](int kt) {
+    return kt < kLatentSteps ? k_half * (kL / 2) + kt * 16 : kL + k_half * (kR / 2) + (kt - kLatentSteps) * 16;
+  };
+  {
+    const int64_t q_row0 = int64_t(t) * p.num_heads + h0;
+    const __nv_bfloat16* q_lo = p.q + (q_row0 + min(g, heads - 1)) * kD + c2;
+    const __nv_bfloat16* q_hi = p.q + (q_row0 + min(g + 8, heads - 1)) * kD + c2;
+    const bool lo_ok = g < heads, hi_ok = g + 8 < heads;
+#pragma unroll
+    for (int kt = 0; kt < kQkSteps; ++kt) {
+      const int d = qk_dim(kt);
+      qf[kt][0] = lo_ok ? __ldg(reinterpret_cast<const unsigned int*>(q_lo + d)) : 0u;
+      qf[kt][1] = hi_ok ? __ldg(reinterpret_cast<const unsigned int*>(q_hi + d)) : 0u;
+      qf[kt][2] = lo_ok ? __ldg(reinterpret_cast<const unsigned int*>(q_lo + d + 8)) : 0u;
+      qf[kt][3] = hi_ok ? __ldg(reinterpret_cast<const unsigned int*>(q_hi + d + 8)) : 0u;
+    }
+  }
+  // ldmatrix addresses. q·k: this lane's row of the warp's 16, at chunk
+  // qk_dim(kt) / 8 + (lane / 8) % 2, whose residue mod 8 is 2 (kt % 4) + that
+  // for latent steps and 4 k_half + 2 (kt - 16) + that for rope steps.
+  const int qk_row = row_half * 16 + (lane / 16) * 8 + lane % 8;
+  int qk_x[4], rope_x[2];
+#pragma unroll
+  for (int m = 0; m < 4; ++m) qk_x[m] = swizzle_chunk(2 * m + (lane / 8) % 2, qk_row);
+#pragma unroll
+  for (int m = 0; m < 2; ++m) rope_x[m] = swizzle_chunk(4 * k_half + 2 * m + (lane / 8) % 2, qk_row);
+  auto qk_offset = [&](int kt) {
+    return kt < kLatentSteps ? qk_row * kD + (k_half * (kL / 16) + 8 * (kt / 4) + qk_x[kt % 4]) * 8
+                             : qk_row * kD + (kL / 8 + rope_x[kt - kLatentSteps]) * 8;
+  };
+  // p·v (transposed loads): rows kk * 16 + lane % 8 + 8 ((lane / 8) % 2),
+  // chunk 16 warp + j + lane / 16 for even j, residue (j % 8) + lane / 16.
+  const int pv_row = lane % 8 + ((lane / 8) % 2) * 8;
+  int pv_x[4];
+#pragma unroll
+  for (int m = 0; m < 4; ++m) pv_x[m] = swizzle_chunk(2 * m + lane / 16, pv_row);
+  auto pv_offset = [&](int kk, int j) {
+    return (kk * 16 + pv_row) * kD + (warp * (kDimsPerWarp / 8) + 8 * (j / 8) + pv_x[(j % 8) / 2]) * 8;
+  };
 
   float o[kNTiles][4] = {};
+  // l_run sums this thread's columns only; the quad reduces it once at the end.
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
   const float scale_log2 = p.scale * kLog2e;
-  const int num_tiles = (end - begin + kBlockN - 1) / kBlockN;
 
   for (int it = 0; it < num_tiles; ++it) {
-    const int tile_start = begin + it * kBlockN, buf = it & 1;
-    if (it + 1 < num_tiles) load_tile(next_slot, buf ^ 1);
-    cp_async_commit();
-    next_slot = slot_of(tile_start + 2 * kBlockN);  // consumed next iteration: latency hidden
-    cp_async_wait<1>();
+    const __nv_bfloat16* tile_s = kv_s + (it % kStages) * kBlockN * kD;
+    cp_async_wait<kStages - 2>();
+    // After this barrier every warp is done with tile it - 1: its buffer and
+    // the score exchange may be overwritten.
+    __syncthreads();
+    {
+      const int ahead = it + kStages - 1;
+      if (ahead < num_tiles) load_tile(next_slot, ahead % kStages);
+      cp_async_commit();
+      next_slot = slot_of(ahead + 1);  // consumed next iteration: latency hidden
+    }
+
+    // Partial S{16 heads, this warp's 16 rows} over its half of the dims;
+    // even and odd k-steps in separate accumulators (half the mma chain).
+    float sa[2][2][4] = {};
+#pragma unroll
+    for (int kt = 0; kt < kQkSteps; ++kt) {
+      uint32_t b[4];
+      ldmatrix_x4(b, tile_s + qk_offset(kt));
+      mma_bf16_16816(sa[kt % 2][0], qf[kt], b[0], b[1]);
+      mma_bf16_16816(sa[kt % 2][1], qf[kt], b[2], b[3]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+      score_x[(warp * 2 + nt) * 32 + lane] = make_float4(sa[0][nt][0] + sa[1][nt][0], sa[0][nt][1] + sa[1][nt][1],
+                                                         sa[0][nt][2] + sa[1][nt][2], sa[0][nt][3] + sa[1][nt][3]);
     __syncthreads();
 
-    // S{16 heads, 8 rows} = Q · Kᵀ over all kD columns for this warp's rows.
-    // NOTES: four independent accumulators: one accumulator would chain 36
-    // dependent mma.sync (~35 cycles each) per tile, the critical path of a
-    // decode block when the batch is small.
-    float s4[4][4] = {};
-    const __nv_bfloat16* k_rows = kv_s + (buf * kBlockN + warp * 8) * kStride;
+    // Full S{16, 32} in C-fragment layout: n-tile n covers rows 8n..8n+7,
+    // the sum of the two dims halves (warps 2 * row_half + {0, 1}).
+    const int tile_start = begin + it * kBlockN;
+    float s[4][4];
+    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int k = 0; k < kD; k += 32) {
-      uint32_t a0[4], a1[4], b[4];
-      ldmatrix_x4(a0, q_s + (lane % 16) * kStride + k + (lane / 16) * 8);
-      ldmatrix_x4(a1, q_s + (lane % 16) * kStride + k + 16 + (lane / 16) * 8);
-      ldmatrix_x4(b, k_rows + (lane % 8) * kStride + k + (lane / 8) * 8);
-      mma_bf16_16816(s4[(k / 32) % 2 * 2], a0, b[0], b[1]);
-      mma_bf16_16816(s4[(k / 32) % 2 * 2 + 1], a1, b[2], b[3]);
+    for (int n = 0; n < 4; ++n) {
+      const float4 a = score_x[((n / 2) * 4 + n % 2) * 32 + lane];
+      const float4 b = score_x[((n / 2) * 4 + 2 + n % 2) * 32 + lane];
+      const int col = tile_start + n * 8 + c2;
+      s[n][0] = col < end ? (a.x + b.x) * scale_log2 : -INFINITY;
+      s[n][1] = col + 1 < end ? (a.y + b.y) * scale_log2 : -INFINITY;
+      s[n][2] = col < end ? (a.z + b.z) * scale_log2 : -INFINITY;
+      s[n][3] = col + 1 < end ? (a.w + b.w) * scale_log2 : -INFINITY;
+      mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
     }
-    float s[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[e] = (s4[0][e] + s4[1][e]) + (s4[2][e] + s4[3][e]);
-
-    // Online softmax in the log2 domain; the tile max spans all warps.
-    const int col = tile_start + warp * 8 + c2;
-    float v[4];
-    v[0] = col < end ? s[0] * scale_log2 : -INFINITY;
-    v[1] = col + 1 < end ? s[1] * scale_log2 : -INFINITY;
-    v[2] = col < end ? s[2] * scale_log2 : -INFINITY;
-    v[3] = col + 1 < end ? s[3] * scale_log2 : -INFINITY;
-    float mx[2] = {fmaxf(v[0], v[1]), fmaxf(v[2], v[3])};
+    float alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m_run[r], mx[r]);  // finite: a tile's first row is always valid
+      alpha[r] = exp2f(m_run[r] - m_new);
+      m_run[r] = m_new;
     }
-    if (lane % 4 == 0) {
-      red_max[warp * kHeadsPerBlock + g] = mx[0];
-      red_max[warp * kHeadsPerBlock + g + 8] = mx[1];
-    }
-    __syncthreads();
-    float m_new[2], alpha[2], sum[2];
+    // P as two m16k16 A fragments (k: tile rows 0-15, 16-31).
+    uint32_t pa[2][4];
+    float sum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float tile_max = red_max[g + 8 * r];
+    for (int n = 0; n < 4; ++n) {
+      const float p0 = exp2f(s[n][0] - m_run[0]), p1 = exp2f(s[n][1] - m_run[0]);
+      const float p2 = exp2f(s[n][2] - m_run[1]), p3 = exp2f(s[n][3] - m_run[1]);
+      sum[0] += p0 + p1;
+      sum[1] += p2 + p3;
+      pa[n / 2][(n % 2) * 2] = pack_bf16x2(p0, p1);
+      pa[n / 2][(n % 2) * 2 + 1] = pack_bf16x2(p2, p3);
+    }
 #pragma unroll
-      for (int w = 1; w < kWarps; ++w) tile_max = fmaxf(tile_max, red_max[w * kHeadsPerBlock + g + 8 * r]);
-      m_new[r] = fmaxf(m_run[r], tile_max);  // finite: every tile has a valid row
-      alpha[r] = exp2f(m_run[r] - m_new[r]);
-      m_run[r] = m_new[r];
-    }
-    const float p0 = exp2f(v[0] - m_new[0]), p1 = exp2f(v[1] - m_new[0]);
-    const float p2 = exp2f(v[2] - m_new[1]), p3 = exp2f(v[3] - m_new[1]);
-    *reinterpret_cast<uint32_t*>(p_s + g * kPStride + warp * 8 + c2) = pack_bf16x2(p0, p1);
-    *reinterpret_cast<uint32_t*>(p_s + (g + 8) * kPStride + warp * 8 + c2) = pack_bf16x2(p2, p3);
-    sum[0] = p0 + p1;
-    sum[1] = p2 + p3;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
-      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
-    }
-    if (lane % 4 == 0) {
-      red_sum[warp * kHeadsPerBlock + g] = sum[0];
-      red_sum[warp * kHeadsPerBlock + g + 8] = sum[1];
-    }
+    for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + sum[r];
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j) {
       o[j][0] *= alpha[0];
@@ -190,33 +271,28 @@ __global__ void __launch_bounds__(kWarps * 32, 2) mla_absorbed_mma_kernel(MlaAbs
       o[j][2] *= alpha[1];
       o[j][3] *= alpha[1];
     }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float tile_sum = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) tile_sum += red_sum[w * kHeadsPerBlock + g + 8 * r];
-      l_run[r] = l_run[r] * alpha[r] + tile_sum;
-    }
 
     // O{16 heads, this warp's kDimsPerWarp} += P{16, kBlockN} · c_kv{kBlockN, dims}.
-    const __nv_bfloat16* v_rows = kv_s + buf * kBlockN * kStride;
 #pragma unroll
-    for (int kk = 0; kk < kBlockN; kk += 16) {
-      uint32_t a[4];
-      ldmatrix_x4(a, p_s + (lane % 16) * kPStride + kk + (lane / 16) * 8);
+    for (int kk = 0; kk < 2; ++kk) {
 #pragma unroll
       for (int j = 0; j < kNTiles; j += 2) {
         uint32_t b[4];
-        const int n0 = warp * kDimsPerWarp + j * 8;
-        ldmatrix_x4_trans(b, v_rows + (kk + lane % 8 + ((lane / 8) % 2) * 8) * kStride + n0 + (lane / 16) * 8);
-        mma_bf16_16816(o[j], a, b[0], b[1]);
-        mma_bf16_16816(o[j + 1], a, b[2], b[3]);
+        ldmatrix_x4_trans(b, tile_s + pv_offset(kk, j));
+        mma_bf16_16816(o[j], pa[kk], b[0], b[1]);
+        mma_bf16_16816(o[j + 1], pa[kk], b[2], b[3]);
       }
     }
-    __syncthreads();  // the next iteration refills this buffer and the reductions
   }
+  // Dependents (the split merge) may launch now; they wait for this grid's
+  // completion and memory before reading anything.
+  grid_dependents_launch();
 
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
   const float inv[2] = {1.0f / l_run[0], 1.0f / l_run[1]};
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -250,6 +326,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) mla_absorbed_mma_kernel(MlaAbs
 // ~20 us at 56 splits.
 __global__ void mla_merge_kernel(MlaAbsorbedParams p) {
   __shared__ float weight[kMaxSplits];
+  grid_dependency_wait();
   const int64_t th = blockIdx.x;  // blockIdx.y picks a slice of the latent dims
   const int64_t stride = int64_t(p.num_tokens) * p.num_heads;
   for (int s = threadIdx.x; s < p.num_splits; s += blockDim.x) weight[s] = p.partial_lse[s * stride + th];
@@ -304,22 +381,53 @@ __global__ void mla_absorbed_reference_kernel(MlaAbsorbedParams p) {
     p.out[(int64_t(t) * p.num_heads + h) * p.latent_dim + d] = __float2bfloat16(l > 0.0f ? acc[d] / l : 0.0f);
 }
 
-template <int kL, int kR>
-size_t mma_smem_bytes() {
-  constexpr int kStride = kL + kR + 8;
-  return sizeof(__nv_bfloat16) * ((kHeadsPerBlock + 2 * kBlockN) * kStride + kHeadsPerBlock * (kBlockN + 8)) +
-         sizeof(float) * 2 * kWarps * kHeadsPerBlock;
+template <int kL, int kR, int kStages>
+constexpr size_t mma_smem_bytes() {
+  return sizeof(__nv_bfloat16) * kStages * kBlockN * (kL + kR) + sizeof(float4) * kWarps * 2 * 32;
+}
+
+// The decode pipeline: two 32-row stages, two blocks per SM (2 x 76 KB).
+constexpr int kDecodeStages = 2, kDecodeBlocksPerSm = 2;
+
+// The tensor-core kernel and, for split-KV, the merge (launched as a
+// programmatic dependent so that its launch overlaps the attention grid).
+template <int kStages, int kBlocksPerSm>
+void launch_mma(const MlaAbsorbedParams& p, cudaStream_t stream) {
+  auto kernel = mla_absorbed_mma_kernel<512, 64, kStages, kBlocksPerSm>;
+  constexpr size_t smem = mma_smem_bytes<512, 64, kStages>();
+  static bool attribute_set = false;  // once per process and variant
+  if (!attribute_set) {
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                   "mla_attention_absorbed");
+    attribute_set = true;
+  }
+  const dim3 grid(p.num_splits, (p.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock, p.num_tokens);
+  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+  check_launch("mla_attention_absorbed");
+  if (p.num_splits > 1) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(p.num_tokens * p.num_heads, (p.latent_dim + 127) / 128);
+    config.blockDim = dim3(128);
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, mla_merge_kernel, p), "mla_attention_absorbed (merge)");
+  }
 }
 
 }  // namespace
 
 int mla_absorbed_num_splits(int num_tokens, int num_heads, int sm_count, int max_kv_len) {
-  // Two blocks fit an SM. Pick the split count whose grid fills the last wave
-  // best (a grid of 1.45 waves idles a quarter of the GPU in its tail),
+  // kDecodeBlocksPerSm blocks fit an SM. Pick the split count whose grid
+  // fills the last wave best (a grid of 1.45 waves idles a quarter of the
+  // GPU in its tail),
   // preferring fewer splits unless more are 5% better (less merge traffic),
   // and never splits shorter than kMinRowsPerSplit rows. (The margin is
   // relative: an absolute one kept a one-token batch at one split below 13.)
-  const int slots = 2 * sm_count;
+  const int slots = kDecodeBlocksPerSm * sm_count;
   const int blocks = std::max(1, num_tokens * ((num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
   const int limit = std::clamp(max_kv_len / kMinRowsPerSplit, 1, kMaxSplits);
   int best = 1;
@@ -358,21 +466,7 @@ void mla_attention_absorbed(const MlaAbsorbedParams& p, cudaStream_t stream) {
                        std::to_string(kMaxSplits) + "]");
   MLA_CUDA_REQUIRE(p.num_splits == 1 || (p.partial_out && p.partial_lse),
                    std::string("mla_attention_absorbed: split-KV needs workspace"));
-  auto kernel = mla_absorbed_mma_kernel<512, 64>;
-  const size_t smem = mma_smem_bytes<512, 64>();
-  static bool attribute_set = false;  // once per process; the kernel is fixed
-  if (!attribute_set) {
-    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-                   "mla_attention_absorbed");
-    attribute_set = true;
-  }
-  const dim3 grid(p.num_splits, (p.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock, p.num_tokens);
-  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
-  check_launch("mla_attention_absorbed");
-  if (p.num_splits > 1) {
-    mla_merge_kernel<<<dim3(p.num_tokens * p.num_heads, (p.latent_dim + 127) / 128), 128, 0, stream>>>(p);
-    check_launch("mla_attention_absorbed (merge)");
-  }
+  launch_mma<kDecodeStages, kDecodeBlocksPerSm>(p, stream);
 }
 
 }  // namespace mlaserve::cuda
