@@ -1,0 +1,198 @@
+// Benchmarks of the Hopper (sm_90a) grouped GEMM paths (grouped_gemm_sm90.h):
+//   - bf16 MoE experts at v2-lite widths (64 experts, hidden 2048, inter
+//     1408, top-6): compare with bench_kernels_cuda's BM_MoeFused (mma.sync);
+//   - block-FP8 MoE experts at V3 widths (256 experts, hidden 7168, inter
+//     2048, top-8): compare with bench_fp8's BM_Fp8Moe;
+//   - dense block-FP8 GEMMs of V3 shapes: compare with bench_fp8's
+//     BM_Fp8LinearCublasLt.
+// Counters: median_us (CUDA events), TFLOP_s (the useful flops: routed
+// rows only, no padding) and its fraction of the bf16 (790, measured) or
+// fp8 (1979, datasheet dense) tensor peak. Random data, uniform random
+// routing (the balanced case).
+#include <benchmark/benchmark.h>
+
+#ifdef MLASERVE_WITH_CUDA
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/fp8_quant.h"
+#include "kernels/cuda/fp8_random_fill.h"
+#include "kernels/cuda/grouped_gemm_sm90.h"
+#include "kernels/cuda/random_fill.h"
+
+namespace mlaserve::cuda {
+namespace {
+
+constexpr double kBf16PeakTflops = 790.0, kFp8PeakTflops = 1979.0;
+
+template <typename Fn>
+double median_seconds(benchmark::State& state, Fn&& fn) {
+  cudaEvent_t start, stop;
+  MLA_CUDA_CHECK(cudaEventCreate(&start), "bench");
+  MLA_CUDA_CHECK(cudaEventCreate(&stop), "bench");
+  fn();  // warm-up: attributes, tensor-map encoder
+  MLA_CUDA_CHECK(cudaDeviceSynchronize(), "bench warm-up");
+  std::vector<float> times;
+  for (auto _ : state) {
+    cudaEventRecord(start);
+    fn();
+    cudaEventRecord(stop);
+    MLA_CUDA_CHECK(cudaEventSynchronize(stop), "bench");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    state.SetIterationTime(ms / 1e3);
+    times.push_back(ms / 1e3f);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times.empty() ? 0.0 : times[times.size() / 2];
+}
+
+void report(benchmark::State& state, double seconds, double flops, double peak) {
+  if (seconds <= 0) return;
+  state.counters["median_us"] = seconds * 1e6;
+  state.counters["TFLOP_s"] = flops / seconds / 1e12;
+  state.counters["frac_peak"] = flops / seconds / 1e12 / peak;
+}
+
+template <typename T>
+DeviceBuffer upload(const std::vector<T>& v) {
+  DeviceBuffer b(v.size() * sizeof(T));
+  MLA_CUDA_CHECK(cudaMemcpy(b.get(), v.data(), b.bytes(), cudaMemcpyHostToDevice), "bench upload");
+  return b;
+}
+
+struct Routing {
+  DeviceBuffer ids, weights;
+};
+
+Routing random_routing(int tokens, int experts, int top_k, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> wdist(0.1f, 1.0f);
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  std::vector<int> perm(experts);
+  for (int t = 0; t < tokens; ++t) {
+    std::iota(perm.begin(), perm.end(), 0);
+    for (int j = 0; j < top_k; ++j) {
+      std::swap(perm[j], perm[j + rng() % (experts - j)]);
+      ids.push_back(perm[j]);
+      weights.push_back(wdist(rng));
+    }
+  }
+  return {upload(ids), upload(weights)};
+}
+
+bool skip_without_hopper(benchmark::State& state) {
+  if (sm90_gemm_supported()) return false;
+  state.SkipWithError("needs a compute capability 9.0 GPU");
+  return true;
+}
+
+void BM_Sm90MoeBf16(benchmark::State& state) {
+  if (skip_without_hopper(state)) return;
+  constexpr int kExperts = 64, kHidden = 2048, kInter = 1408, kTopK = 6;
+  const int tokens = int(state.range(0));
+  DeviceBuffer x(size_t(tokens) * kHidden * 2), gate_up(size_t(kExperts) * 2 * kInter * kHidden * 2),
+      down(size_t(kExperts) * kHidden * kInter * 2), out(size_t(tokens) * kHidden * 2);
+  fill_random_bf16(x.get<__nv_bfloat16>(), x.bytes() / 2, 8, nullptr);
+  fill_random_bf16(gate_up.get<__nv_bfloat16>(), gate_up.bytes() / 2, 9, nullptr);
+  fill_random_bf16(down.get<__nv_bfloat16>(), down.bytes() / 2, 10, nullptr);
+  const Routing route = random_routing(tokens, kExperts, kTopK, 11);
+  Sm90MoeParams p;
+  p.x = x.get<__nv_bfloat16>();
+  p.w_gate_up = gate_up.get();
+  p.w_down = down.get();
+  p.topk_ids = route.ids.get<int32_t>();
+  p.topk_weights = route.weights.get<float>();
+  p.num_tokens = tokens;
+  p.hidden = kHidden;
+  p.inter = kInter;
+  p.num_experts = kExperts;
+  p.top_k = kTopK;
+  p.out = out.get<__nv_bfloat16>();
+  DeviceBuffer workspace(moe_experts_sm90_workspace_bytes(p));
+  const double s = median_seconds(state, [&] { moe_experts_sm90(p, workspace.get(), nullptr); });
+  report(state, s, 2.0 * tokens * kTopK * 3.0 * kHidden * kInter, kBf16PeakTflops);
+}
+
+void BM_Sm90MoeFp8(benchmark::State& state) {
+  if (skip_without_hopper(state)) return;
+  constexpr int kExperts = 256, kHidden = 7168, kInter = 2048, kTopK = 8;
+  const int tokens = int(state.range(0));
+  DeviceBuffer x(size_t(tokens) * kHidden * 2), out(size_t(tokens) * kHidden * 2);
+  DeviceBuffer gate_up(size_t(kExperts) * 2 * kInter * kHidden), down(size_t(kExperts) * kHidden * kInter);
+  DeviceBuffer gate_up_scale(size_t(kExperts) * (2 * kInter / 128) * (kHidden / 128) * 4),
+      down_scale(size_t(kExperts) * (kHidden / 128) * (kInter / 128) * 4);
+  fill_random_bf16(x.get<__nv_bfloat16>(), x.bytes() / 2, 8, nullptr);
+  fill_random_e4m3(gate_up.get<uint8_t>(), gate_up.bytes(), 9, nullptr);
+  fill_random_e4m3(down.get<uint8_t>(), down.bytes(), 10, nullptr);
+  fill_random_scales(gate_up_scale.get<float>(), gate_up_scale.bytes() / 4, 1e-4f, 2e-4f, 11, nullptr);
+  fill_random_scales(down_scale.get<float>(), down_scale.bytes() / 4, 1e-4f, 2e-4f, 12, nullptr);
+  const Routing route = random_routing(tokens, kExperts, kTopK, 13);
+  Sm90MoeParams p;
+  p.x = x.get<__nv_bfloat16>();
+  p.w_gate_up = gate_up.get();
+  p.w_gate_up_scale = gate_up_scale.get<float>();
+  p.w_down = down.get();
+  p.w_down_scale = down_scale.get<float>();
+  p.topk_ids = route.ids.get<int32_t>();
+  p.topk_weights = route.weights.get<float>();
+  p.num_tokens = tokens;
+  p.hidden = kHidden;
+  p.inter = kInter;
+  p.num_experts = kExperts;
+  p.top_k = kTopK;
+  p.out = out.get<__nv_bfloat16>();
+  DeviceBuffer workspace(fp8_moe_experts_sm90_workspace_bytes(p));
+  const double s = median_seconds(state, [&] { fp8_moe_experts_sm90(p, workspace.get(), nullptr); });
+  report(state, s, 2.0 * tokens * kTopK * 3.0 * kHidden * kInter, kFp8PeakTflops);
+}
+
+void BM_Sm90Fp8Gemm(benchmark::State& state) {
+  if (skip_without_hopper(state)) return;
+  const int m = int(state.range(0)), n = int(state.range(1)), k = int(state.range(2));
+  const int64_t ld = fp8_act_scale_ld(m);
+  DeviceBuffer x(size_t(m) * k * 2), a(size_t(ld) * k), a_scale(size_t(ld) * (k / 128) * 4);
+  DeviceBuffer w(size_t(n) * k), w_scale(size_t((n + 127) / 128) * (k / 128) * 4), out(size_t(m) * n * 2);
+  fill_random_bf16(x.get<__nv_bfloat16>(), x.bytes() / 2, 8, nullptr);
+  quantize_fp8_act(x.get<__nv_bfloat16>(), m, k, k, a.get<uint8_t>(), a_scale.get<float>(), ld, nullptr);
+  fill_random_e4m3(w.get<uint8_t>(), w.bytes(), 9, nullptr);
+  fill_random_scales(w_scale.get<float>(), w_scale.bytes() / 4, 1e-4f, 2e-4f, 10, nullptr);
+  Sm90Fp8GemmParams p;
+  p.a = a.get<uint8_t>();
+  p.a_scale = a_scale.get<float>();
+  p.a_scale_ld = ld;
+  p.w = w.get<uint8_t>();
+  p.w_scale = w_scale.get<float>();
+  p.out = out.get<__nv_bfloat16>();
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  const double s = median_seconds(state, [&] { fp8_gemm_sm90(p, nullptr); });
+  report(state, s, 2.0 * m * n * k, kFp8PeakTflops);
+}
+
+BENCHMARK(BM_Sm90MoeBf16)->Arg(512)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
+BENCHMARK(BM_Sm90MoeFp8)->Arg(512)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
+// V3 shapes {m, n, k}: q_a, q_b, kv_a, o_proj, shared-expert gate_up and down, dense-MLP gate_up and down.
+BENCHMARK(BM_Sm90Fp8Gemm)
+    ->Args({4096, 1536, 7168})->Args({4096, 24576, 1536})->Args({4096, 576, 7168})->Args({4096, 7168, 16384})
+    ->Args({4096, 4096, 7168})->Args({4096, 7168, 2048})->Args({4096, 36864, 7168})->Args({4096, 7168, 18432})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
+
+}  // namespace
+}  // namespace mlaserve::cuda
+
+BENCHMARK_MAIN();
+#else
+int main() { return 0; }
+#endif

@@ -1,0 +1,272 @@
+// The Hopper (sm_90a) grouped GEMM paths against f64 host references:
+// bf16 MoE experts, block-FP8 MoE experts and the dense block-FP8 GEMM.
+// Skipped on GPUs other than compute capability 9.0.
+//
+// Bounds: bf16 MoE: the reference rounds the two stored intermediates (the
+// activation and each expert's output) to bf16 as the device does, so only
+// f32 accumulation order differs: 5e-3. FP8 "scheme" references apply the
+// same 1x128 activation quantization on the host; an intermediate that
+// rounds across an e4m3 step the other way moves its term by up to 1/16:
+// 2e-2. Against unquantized activations both roundings show (~2.5% RMS each,
+// in quadrature ~3.6%): 8e-2.
+#include "kernels/cuda/grouped_gemm_sm90.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "fp8_test_util.h"
+#include "kernels/cuda/fp8_quant.h"
+
+namespace mlaserve::cuda::testing {
+namespace {
+
+constexpr double kBf16Tol = 5e-3, kFp8SchemeTol = 2e-2, kFp8ExactTol = 8e-2;
+
+bool hopper_present() { return gpu_available() && sm90_gemm_supported(); }
+
+#define SKIP_WITHOUT_HOPPER() \
+  if (!hopper_present()) GTEST_SKIP() << "no compute capability 9.0 GPU present"
+
+// Stacked bf16 gate_up row of gate (is_up false) or up column i: interleaved by 8.
+int64_t interleaved_row(int64_t i, bool is_up) { return (i / 8) * 16 + (is_up ? 8 : 0) + i % 8; }
+
+double silu_mul(double g, double u) { return g / (1.0 + std::exp(-g)) * u; }
+
+// Routing of a random batch: top_k distinct routed experts per token, weights in [0.1, 1].
+struct Routing {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+
+Routing random_routing(int tokens, int experts, int top_k, std::mt19937& rng) {
+  Routing r;
+  std::uniform_real_distribution<float> wdist(0.1f, 1.0f);
+  for (int t = 0; t < tokens; ++t) {
+    std::vector<int> perm(experts);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int j = 0; j < top_k; ++j) r.ids.push_back(perm[j]), r.weights.push_back(wdist(rng));
+  }
+  return r;
+}
+
+// A token's experts and weights: routed ones, then the shared ones (weight 1).
+std::vector<std::pair<int, float>> slots_of(const Routing& r, int t, int top_k, int experts, int shared) {
+  std::vector<std::pair<int, float>> s;
+  for (int j = 0; j < top_k; ++j) s.emplace_back(r.ids[t * top_k + j], r.weights[t * top_k + j]);
+  for (int i = 0; i < shared; ++i) s.emplace_back(experts + i, 1.0f);
+  return s;
+}
+
+struct MoeShape {
+  int tokens, experts, shared, top_k, hidden, inter;
+};
+
+std::string describe(const MoeShape& s, bool addend) {
+  return std::to_string(s.tokens) + " tok, " + std::to_string(s.experts) + "+" + std::to_string(s.shared) +
+         " exp, top" + std::to_string(s.top_k) + (addend ? ", +addend" : "");
+}
+
+class Sm90Bf16Moe : public ::testing::TestWithParam<MoeShape> {};
+
+TEST_P(Sm90Bf16Moe, MatchesHostExperts) {
+  SKIP_WITHOUT_HOPPER();
+  const MoeShape s = GetParam();
+  const int total = s.experts + s.shared, D = s.hidden, I = s.inter;
+  const bool with_addend = s.tokens % 2 == 1;
+  std::mt19937 rng(101 + s.tokens);
+  const auto x = random_bf16(size_t(s.tokens) * D, rng);
+  const auto gate_up = random_bf16(size_t(total) * 2 * I * D, rng, 0.08f);  // stacked, interleaved by 8
+  const auto down = random_bf16(size_t(total) * D * I, rng, 0.08f);
+  const auto addend = random_bf16(size_t(s.tokens) * D, rng, 0.5f);
+  const Routing route = random_routing(s.tokens, s.experts, s.top_k, rng);
+
+  auto dx = upload(x), dgu = upload(gate_up), ddn = upload(down), dadd = upload(addend);
+  auto dids = upload(route.ids), dw = upload(route.weights);
+  auto dout = poisoned(size_t(s.tokens) * D * 2);
+  Sm90MoeParams p;
+  p.x = dx.get<__nv_bfloat16>();
+  p.w_gate_up = dgu.get();
+  p.w_down = ddn.get();
+  p.topk_ids = dids.get<int32_t>();
+  p.topk_weights = dw.get<float>();
+  p.addend = with_addend ? dadd.get<__nv_bfloat16>() : nullptr;
+  p.num_tokens = s.tokens;
+  p.hidden = D;
+  p.inter = I;
+  p.num_experts = s.experts;
+  p.top_k = s.top_k;
+  p.num_shared = s.shared;
+  p.out = dout.get<__nv_bfloat16>();
+  DeviceBuffer workspace(moe_experts_sm90_workspace_bytes(p));
+  moe_experts_sm90(p, workspace.get(), nullptr);
+  const auto out = to_float(download<uint16_t>(dout, size_t(s.tokens) * D));
+
+  const auto xf = to_float(x), guf = to_float(gate_up), dnf = to_float(down);
+  std::vector<double> ref(size_t(s.tokens) * D);
+  std::vector<float> h(I);
+  for (int t = 0; t < s.tokens; ++t) {
+    for (int d = 0; d < D; ++d) ref[t * D + d] = with_addend ? bf16_to_f32(addend[t * D + d]) : 0.0;
+    for (const auto& [e, wt] : slots_of(route, t, s.top_k, s.experts, s.shared)) {
+      for (int i = 0; i < I; ++i) {
+        double g = 0, u = 0;
+        const float* wg = &guf[(size_t(e) * 2 * I + interleaved_row(i, false)) * D];
+        const float* wu = &guf[(size_t(e) * 2 * I + interleaved_row(i, true)) * D];
+        for (int d = 0; d < D; ++d) g += double(xf[t * D + d]) * wg[d], u += double(xf[t * D + d]) * wu[d];
+        h[i] = round_bf16(float(silu_mul(g, u)));
+      }
+      for (int d = 0; d < D; ++d) {
+        double y = 0;
+        const float* wd = &dnf[(size_t(e) * D + d) * I];
+        for (int i = 0; i < I; ++i) y += double(h[i]) * wd[i];
+        ref[t * D + d] += wt * round_bf16(float(y));
+      }
+    }
+  }
+  const double err = rel_l2(out, ref);
+  report_fp8("sm90 bf16 moe", describe(s, with_addend).c_str(), err, kBf16Tol);
+  EXPECT_LT(err, kBf16Tol);
+}
+
+// 5 tokens: one partly filled 128-row block per expert; 300 x 4 slots: experts
+// spanning several blocks, several tiles per CTA; K 512 = 8 K blocks.
+INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Bf16Moe,
+                         ::testing::Values(MoeShape{5, 8, 1, 2, 256, 128}, MoeShape{300, 16, 1, 3, 512, 256}));
+
+class Sm90Fp8Moe : public ::testing::TestWithParam<MoeShape> {};
+
+TEST_P(Sm90Fp8Moe, MatchesHostExpertsOnDequantizedWeights) {
+  SKIP_WITHOUT_HOPPER();
+  const MoeShape s = GetParam();
+  const int total = s.experts + s.shared, D = s.hidden, I = s.inter;
+  const bool with_addend = s.tokens % 2 == 1;
+  std::mt19937 rng(203 + s.tokens);
+  std::vector<HostFp8Weight> gate_up, down;
+  std::vector<uint8_t> gu_q, dn_q;
+  std::vector<float> gu_s, dn_s;
+  for (int e = 0; e < total; ++e) {
+    gate_up.push_back(random_fp8_weight(2 * I, D, rng, 0.2f));
+    down.push_back(random_fp8_weight(D, I, rng, 0.2f));
+    gu_q.insert(gu_q.end(), gate_up[e].q.begin(), gate_up[e].q.end());
+    gu_s.insert(gu_s.end(), gate_up[e].scale.begin(), gate_up[e].scale.end());
+    dn_q.insert(dn_q.end(), down[e].q.begin(), down[e].q.end());
+    dn_s.insert(dn_s.end(), down[e].scale.begin(), down[e].scale.end());
+  }
+  const auto x = random_activations(s.tokens, D, rng);
+  const auto addend = random_bf16(size_t(s.tokens) * D, rng, 0.5f);
+  const Routing route = random_routing(s.tokens, s.experts, s.top_k, rng);
+
+  auto dx = upload(x), dgu = upload(gu_q), dgus = upload(gu_s), ddn = upload(dn_q), ddns = upload(dn_s);
+  auto dids = upload(route.ids), dw = upload(route.weights), dadd = upload(addend);
+  auto dout = poisoned(size_t(s.tokens) * D * 2);
+  Sm90MoeParams p;
+  p.x = dx.get<__nv_bfloat16>();
+  p.w_gate_up = dgu.get();
+  p.w_gate_up_scale = dgus.get<float>();
+  p.w_down = ddn.get();
+  p.w_down_scale = ddns.get<float>();
+  p.topk_ids = dids.get<int32_t>();
+  p.topk_weights = dw.get<float>();
+  p.addend = with_addend ? dadd.get<__nv_bfloat16>() : nullptr;
+  p.num_tokens = s.tokens;
+  p.hidden = D;
+  p.inter = I;
+  p.num_experts = s.experts;
+  p.top_k = s.top_k;
+  p.num_shared = s.shared;
+  p.out = dout.get<__nv_bfloat16>();
+  DeviceBuffer workspace(fp8_moe_experts_sm90_workspace_bytes(p));
+  fp8_moe_experts_sm90(p, workspace.get(), nullptr);
+  const auto out = to_float(download<uint16_t>(dout, size_t(s.tokens) * D));
+
+  // One expert on the host; `scheme`: x and the activation go through the
+  // 1x128 quantizer and the stored intermediates through bf16, as on the device.
+  auto expert = [&](int e, const std::vector<float>& row, bool scheme) {
+    const std::vector<float> xin = scheme ? fake_quantize_rows(row, 1, D) : row;
+    const auto gu = matmul_nt(xin, gate_up[e].dequant, 1, 2 * I, D);
+    std::vector<float> h(I);
+    for (int i = 0; i < I; ++i) {
+      const double v = silu_mul(gu[i], gu[I + i]);
+      h[i] = scheme ? round_bf16(float(v)) : float(v);
+    }
+    if (scheme) h = fake_quantize_rows(h, 1, I);
+    auto y = matmul_nt(h, down[e].dequant, 1, D, I);
+    if (scheme)
+      for (auto& v : y) v = round_bf16(float(v));
+    return y;
+  };
+  std::vector<double> ref_scheme(size_t(s.tokens) * D), ref_exact(ref_scheme.size());
+  for (int t = 0; t < s.tokens; ++t) {
+    std::vector<float> row(D);
+    for (int d = 0; d < D; ++d) row[d] = bf16_to_f32(x[t * D + d]);
+    for (int d = 0; d < D; ++d)
+      ref_scheme[t * D + d] = ref_exact[t * D + d] = with_addend ? bf16_to_f32(addend[t * D + d]) : 0.0;
+    for (const auto& [e, wt] : slots_of(route, t, s.top_k, s.experts, s.shared)) {
+      const auto ys = expert(e, row, true), ye = expert(e, row, false);
+      for (int d = 0; d < D; ++d) ref_scheme[t * D + d] += wt * ys[d], ref_exact[t * D + d] += wt * ye[d];
+    }
+  }
+  const std::string detail = describe(s, with_addend);
+  const double err = rel_l2(out, ref_scheme), err_exact = rel_l2(out, ref_exact);
+  report_fp8("sm90 fp8 moe vs scheme", detail.c_str(), err, kFp8SchemeTol);
+  report_fp8("sm90 fp8 moe vs f64", detail.c_str(), err_exact, kFp8ExactTol);
+  EXPECT_LT(err, kFp8SchemeTol);
+  EXPECT_LT(err_exact, kFp8ExactTol);
+}
+
+// 300 x 3 slots over 16 experts: several 64-row blocks per expert; inter 384:
+// the gate and up halves of a tile fall in different 128-row scale blocks.
+INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Fp8Moe,
+                         ::testing::Values(MoeShape{5, 8, 1, 2, 256, 128}, MoeShape{300, 16, 1, 3, 512, 384}));
+
+struct DenseShape {
+  int m, n, k;
+};
+
+class Sm90Fp8Gemm : public ::testing::TestWithParam<DenseShape> {};
+
+TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
+  SKIP_WITHOUT_HOPPER();
+  const auto [m, n, k] = GetParam();
+  std::mt19937 rng(307 + m + n);
+  const HostFp8Weight w = random_fp8_weight(n, k, rng, 0.2f);
+  const auto x = random_activations(m, k, rng);
+  const int64_t ld = fp8_act_scale_ld(m);
+  auto dx = upload(x), dwq = upload(w.q), dws = upload(w.scale);
+  DeviceBuffer aq(size_t(ld) * k), as(size_t(ld) * (k / 128) * 4);
+  quantize_fp8_act(dx.get<__nv_bfloat16>(), m, k, k, aq.get<uint8_t>(), as.get<float>(), ld, nullptr);
+  auto dout = poisoned(size_t(m) * n * 2);
+  Sm90Fp8GemmParams p;
+  p.a = aq.get<uint8_t>();
+  p.a_scale = as.get<float>();
+  p.a_scale_ld = ld;
+  p.w = dwq.get<uint8_t>();
+  p.w_scale = dws.get<float>();
+  p.out = dout.get<__nv_bfloat16>();
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  fp8_gemm_sm90(p, nullptr);
+  const auto out = to_float(download<uint16_t>(dout, size_t(m) * n));
+
+  std::vector<float> xf(size_t(m) * k);
+  for (size_t i = 0; i < xf.size(); ++i) xf[i] = bf16_to_f32(x[i]);
+  const auto ref_scheme = matmul_nt(fake_quantize_rows(xf, m, k), w.dequant, m, n, k);
+  const auto ref_exact = matmul_nt(xf, w.dequant, m, n, k);
+  const std::string detail = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
+  // Same quantized operands: only f32 accumulation order and bf16 output rounding differ.
+  const double err = rel_l2(out, ref_scheme), err_exact = rel_l2(out, ref_exact);
+  report_fp8("sm90 fp8 gemm vs scheme", detail.c_str(), err, kBf16Tol);
+  report_fp8("sm90 fp8 gemm vs f64", detail.c_str(), err_exact, kFp8ExactTol);
+  EXPECT_LT(err, kBf16Tol);
+  EXPECT_LT(err_exact, kFp8ExactTol);
+}
+
+// Ragged M and N (partial row block, N not a multiple of the 256-wide tile
+// nor of 128, as kv_a's 576), and a shape with several tiles and K blocks.
+INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Fp8Gemm, ::testing::Values(DenseShape{100, 576, 512}, DenseShape{300, 1024, 1024}));
+
+}  // namespace
+}  // namespace mlaserve::cuda::testing
