@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
+
 namespace mlaserve {
 namespace {
 
@@ -52,23 +54,68 @@ RouterParams routing_params(const ModelConfig& c) {
   return p;
 }
 
+
+// The rows of two linear weights `first` and `second` stacked into one
+// (scale_inv rows too), or nullopt where they cannot share a GEMM: different
+// dtypes or in_features, or block-FP8 with `first` ending inside a 128-row
+// scale block.
+std::optional<Weight> load_stacked_linear(const Checkpoint& ckpt, Backend& backend, const std::string& first,
+                                          const std::string& second) {
+  const Tensor a = ckpt.get(first + ".weight"), b = ckpt.get(second + ".weight");
+  if (a.ndim() != 2 || b.ndim() != 2 || a.dtype() != b.dtype() || a.dim(1) != b.dim(1)) return std::nullopt;
+  const bool fp8 = a.dtype() == DType::F8_E4M3;
+  Tensor a_scale, b_scale;
+  if (fp8) {
+    a_scale = ckpt.get(first + ".weight_scale_inv");
+    b_scale = ckpt.get(second + ".weight_scale_inv");
+    if (a.dim(0) % 128 != 0 || a_scale.ndim() != 2 || b_scale.ndim() != 2 || a_scale.dim(1) != b_scale.dim(1) ||
+        a_scale.dtype() != b_scale.dtype())
+      return std::nullopt;
+  }
+  auto stack = [](const Tensor& top, const Tensor& bottom) {
+    Tensor out = Tensor::empty({top.dim(0) + bottom.dim(0), top.dim(1)}, top.dtype());
+    std::memcpy(out.raw(), top.raw(), top.nbytes());
+    std::memcpy(static_cast<char*>(out.raw()) + top.nbytes(), bottom.raw(), bottom.nbytes());
+    return out;
+  };
+  try {
+    return backend.load_weight(stack(a, b), fp8 ? stack(a_scale, b_scale) : Tensor());
+  } catch (const Error& e) {
+    fail("{}.weight stacked on {}.weight: {}", second, first, e.what());
+  }
+}
+
 MlpWeights load_mlp(const Checkpoint& ckpt, Backend& backend, const std::string& prefix) {
-  return MlpWeights{load_linear(ckpt, backend, prefix + "gate_proj"), load_linear(ckpt, backend, prefix + "up_proj"),
-                    load_linear(ckpt, backend, prefix + "down_proj")};
+  MlpWeights w;
+  w.gate_up_proj = load_stacked_linear(ckpt, backend, prefix + "gate_proj", prefix + "up_proj");
+  if (!w.gate_up_proj) {
+    w.gate_proj = load_linear(ckpt, backend, prefix + "gate_proj");
+    w.up_proj = load_linear(ckpt, backend, prefix + "up_proj");
+  }
+  w.down_proj = load_linear(ckpt, backend, prefix + "down_proj");
+  return w;
+}
+
+// A linear weight as the checkpoint stores it, on the host (for load_experts).
+Weight host_linear(const Checkpoint& ckpt, const std::string& prefix) {
+  const Tensor w = ckpt.get(prefix + ".weight");
+  return Weight{w, w.dtype() == DType::F8_E4M3 ? ckpt.get(prefix + ".weight_scale_inv") : Tensor()};
 }
 
 MlaWeights load_mla(const Checkpoint& ckpt, Backend& backend, const std::string& p) {
   const ModelConfig& c = ckpt.config();
   const int64_t H = c.num_attention_heads, L = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dv = c.v_head_dim;
   MlaWeights w;
+  const std::string q_first = p + (c.q_lora_rank ? "q_a_proj" : "q_proj");
+  w.fused_qkv_a_proj = load_stacked_linear(ckpt, backend, q_first, p + "kv_a_proj_with_mqa");
+  if (!w.fused_qkv_a_proj) {
+    (c.q_lora_rank ? w.q_a_proj : w.q_proj) = load_linear(ckpt, backend, q_first);
+    w.kv_a_proj_with_mqa = load_linear(ckpt, backend, p + "kv_a_proj_with_mqa");
+  }
   if (c.q_lora_rank) {
-    w.q_a_proj = load_linear(ckpt, backend, p + "q_a_proj");
     w.q_a_layernorm = load_param(ckpt, backend, p + "q_a_layernorm.weight", {*c.q_lora_rank});
     w.q_b_proj = load_linear(ckpt, backend, p + "q_b_proj");
-  } else {
-    w.q_proj = load_linear(ckpt, backend, p + "q_proj");
   }
-  w.kv_a_proj_with_mqa = load_linear(ckpt, backend, p + "kv_a_proj_with_mqa");
   w.kv_a_layernorm = load_param(ckpt, backend, p + "kv_a_layernorm.weight", {L});
   w.kv_b_proj = load_linear(ckpt, backend, p + "kv_b_proj");
   w.o_proj = load_linear(ckpt, backend, p + "o_proj");
@@ -128,15 +175,26 @@ DecoderLayerWeights load_decoder_layer(const Checkpoint& ckpt, Backend& backend,
   if (moe.routing.method == TopkMethod::NoauxTc)
     moe.score_correction_bias =
         load_param(ckpt, backend, p + "mlp.gate.e_score_correction_bias", {int64_t(c.n_routed_experts)});
+  // Host views: the backend stacks the experts (and folds in the shared
+  // ones) straight from the checkpoint, in its own format.
   std::vector<Weight> gate, up, down;
   for (int e = 0; e < c.n_routed_experts; ++e) {
     const std::string ep = fmt::format("{}mlp.experts.{}.", p, e);
-    gate.push_back(load_linear(ckpt, backend, ep + "gate_proj"));
-    up.push_back(load_linear(ckpt, backend, ep + "up_proj"));
-    down.push_back(load_linear(ckpt, backend, ep + "down_proj"));
+    gate.push_back(host_linear(ckpt, ep + "gate_proj"));
+    up.push_back(host_linear(ckpt, ep + "up_proj"));
+    down.push_back(host_linear(ckpt, ep + "down_proj"));
   }
-  moe.experts = backend.load_experts(std::move(gate), std::move(up), std::move(down));
-  if (c.n_shared_experts > 0) moe.shared_experts = load_mlp(ckpt, backend, p + "mlp.shared_experts.");
+  std::optional<SharedExpertWeights> shared;
+  if (c.n_shared_experts > 0) {
+    const std::string sp = p + "mlp.shared_experts.";
+    shared = SharedExpertWeights{host_linear(ckpt, sp + "gate_proj"), host_linear(ckpt, sp + "up_proj"),
+                                 host_linear(ckpt, sp + "down_proj")};
+  }
+  try {
+    moe.experts = backend.load_experts(std::move(gate), std::move(up), std::move(down), std::move(shared));
+  } catch (const Error& e) {
+    fail("{}mlp experts: {}", p, e.what());
+  }
   w.moe = std::move(moe);
   return w;
 }

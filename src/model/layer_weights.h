@@ -10,10 +10,17 @@
 namespace mlaserve {
 
 struct MlaWeights {
-  std::optional<Weight> q_proj;                  // q_lora_rank null (V2-Lite)
-  std::optional<Weight> q_a_proj, q_b_proj;      // q_lora_rank set
+  // q_proj (or q_a_proj) and kv_a_proj_with_mqa both read the block input, so
+  // where their rows stack (same dtype and in_features; block-FP8 also needs
+  // the q part to fill whole 128-row scale blocks) they load as one Weight,
+  // rows [q part | kv_a part], run as one GEMM (SGLang's
+  // fused_qkv_a_proj_with_mqa); the separate ones are then left empty.
+  std::optional<Weight> fused_qkv_a_proj;        // {Nq + L + R, D}
+  std::optional<Weight> q_proj;                  // q_lora_rank null (V2-Lite), unless fused
+  std::optional<Weight> q_a_proj;                // q_lora_rank set, unless fused
+  std::optional<Weight> q_b_proj;                // q_lora_rank set
   Tensor q_a_layernorm;
-  Weight kv_a_proj_with_mqa;                     // {L + R, D}
+  std::optional<Weight> kv_a_proj_with_mqa;      // {L + R, D}, unless fused
   Tensor kv_a_layernorm;                         // {L}
   Weight kv_b_proj;                              // {H * (Dn + Dv), L}
   // kv_b_proj split per head for the absorbed form, dequantized to f32:
@@ -22,15 +29,19 @@ struct MlaWeights {
   Weight o_proj;                                 // {D, H * Dv}
 };
 
+// A dense SwiGLU MLP. Where gate_proj and up_proj rows stack (see
+// load_stacked_linear), they load as one weight {2I, D} and run as one GEMM;
+// otherwise separately.
 struct MlpWeights {
-  Weight gate_proj, up_proj, down_proj;
+  std::optional<Weight> gate_up_proj;            // [gate rows | up rows]
+  std::optional<Weight> gate_proj, up_proj;      // unless stacked
+  Weight down_proj;
 };
 
 struct MoeWeights {
   Weight router;                                 // gate.weight {E, D}
   Tensor score_correction_bias;                  // noaux_tc only, else undefined
-  ExpertWeights experts;
-  std::optional<MlpWeights> shared_experts;
+  ExpertWeights experts;                         // routed and shared experts (moe_experts sums both)
   RouterParams routing;
 };
 

@@ -10,48 +10,74 @@ void mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
                    const DeviceBatch& batch, bool absorbed, Tensor cache, Tensor out) {
   const ModelConfig& c = *ctx.config;
   const int64_t T = h.dim(0), H = c.num_attention_heads, L = c.kv_lora_rank, R = c.qk_rope_head_dim;
-  const int64_t Dn = c.qk_nope_head_dim, Dv = c.v_head_dim;
+  const int64_t Dn = c.qk_nope_head_dim, Dv = c.v_head_dim, Nq = H * (Dn + R);
   const DType act = backend.act_dtype();
+  auto prepare = [&](const MlaPrepare& p) {
+    backend.mla_prepare(p, batch.positions, batch.out_slots, ctx.inv_freq, ctx.cos_sin_scale);
+  };
 
-  // q {T, H, Dn + R}, q_pe roped in place.
-  Tensor q = backend.alloc({T, H * (Dn + R)}, act);
-  if (w.q_proj) {
-    backend.linear(h, *w.q_proj, q);
+  // The projections of h: q {T, Nq} (or q_a {T, Q}) and kv_a {T, L + R},
+  // either as columns of the fused GEMM's rows or as separate outputs.
+  MlaPrepare p;
+  p.kv_norm = w.kv_a_layernorm;
+  p.cache = cache;
+  p.eps = kLatentNormEps;
+  Tensor q_or_q_a;
+  if (w.fused_qkv_a_proj) {
+    const int64_t width = w.fused_qkv_a_proj->out_features();
+    Tensor fused = backend.alloc({T, width}, act);
+    backend.linear(h, *w.fused_qkv_a_proj, fused);
+    q_or_q_a = fused;
+    p.kv = fused;
+    p.kv_col = width - (L + R);
   } else {
-    Tensor q_a = backend.alloc({T, int64_t(*c.q_lora_rank)}, act);
-    backend.linear(h, *w.q_a_proj, q_a);
-    Tensor q_a_normed = backend.alloc(q_a.shape(), act);
-    backend.rms_norm(q_a, w.q_a_layernorm, kLatentNormEps, q_a_normed);
-    backend.linear(q_a_normed, *w.q_b_proj, q);
+    const Weight& q_first = w.q_proj ? *w.q_proj : *w.q_a_proj;
+    q_or_q_a = backend.alloc({T, q_first.out_features()}, act);
+    backend.linear(h, q_first, q_or_q_a);
+    p.kv = backend.alloc({T, L + R}, act);
+    backend.linear(h, *w.kv_a_proj_with_mqa, p.kv);
   }
-  q = q.view({T, H, Dn + R});
-  backend.rope(q, int(Dn), batch.positions, ctx.inv_freq, ctx.cos_sin_scale);
 
-  // This step's latent rows: [kv_a_layernorm(c_kv) | rope(k_pe)] {T, L + R}.
-  Tensor compressed = backend.alloc({T, L + R}, act);
-  backend.linear(h, w.kv_a_proj_with_mqa, compressed);
-  Tensor c_kv = backend.alloc({T, L}, act);
-  backend.copy_columns(compressed, 0, c_kv, 0, L);
-  Tensor c_kv_normed = backend.alloc({T, L}, act);
-  backend.rms_norm(c_kv, w.kv_a_layernorm, kLatentNormEps, c_kv_normed);
-  Tensor latent = backend.alloc({T, L + R}, act);
-  backend.copy_columns(c_kv_normed, 0, latent, 0, L);
-  backend.copy_columns(compressed, L, latent, L, R);
-  backend.rope(latent.view({T, 1, L + R}), int(L), batch.positions, ctx.inv_freq, ctx.cos_sin_scale);
-  backend.scatter_rows(cache, latent, batch.out_slots);
+  // q's source for the q split: q_proj's columns, or q_b_proj(q_a_layernorm(q_a))
+  // with the latent write and the q_a norm done first in one op.
+  if (c.q_lora_rank) {
+    Tensor q_a_normed = backend.alloc({T, int64_t(*c.q_lora_rank)}, act);
+    p.q_a = q_or_q_a;
+    p.q_a_norm = w.q_a_layernorm;
+    p.q_a_out = q_a_normed;
+    prepare(p);
+    p = MlaPrepare{};
+    p.eps = kLatentNormEps;
+    p.q = backend.alloc({T, Nq}, act);
+    backend.linear(q_a_normed, *w.q_b_proj, p.q);
+  } else {
+    p.q = q_or_q_a;
+  }
+  p.nope_dim = Dn;
+  // A q of exactly Nq columns is {T, H, Dn + R}: q_nope is read and q_pe roped in place.
+  const bool q_alone = p.q.dim(-1) == Nq;
 
   Tensor attn = backend.alloc({T, H, Dv}, act);
   if (absorbed) {
-    // q_latent{T, H, L} = q_nope · W_UK; attention over the latent rows.
-    Tensor q_latent = backend.alloc({T, H, L}, act);
-    backend.head_bmm(q, w.w_uk, /*transpose_w=*/false, q_latent);
+    // q_cat{T, H, L + R} = [q_nope · W_UK | rope(q_pe)], the rows the attention
+    // reads: the product lands in the first L columns, the roped q_pe after.
     Tensor q_cat = backend.alloc({T, H, L + R}, act);
-    backend.copy_columns(q_latent, 0, q_cat, 0, L);
-    backend.copy_columns(q, Dn, q_cat, L, R);
+    Tensor q_nope = q_alone ? p.q.view({T, H, Dn + R}) : backend.alloc({T, H, Dn}, act);
+    if (!q_alone) p.q_nope_out = q_nope;
+    p.q_pe_out = q_cat;
+    p.q_pe_col = L;
+    prepare(p);
+    backend.head_bmm(q_nope, w.w_uk, /*transpose_w=*/false, q_cat);
     Tensor o_latent = backend.alloc({T, H, L}, act);
     backend.mla_attention_absorbed(q_cat, cache, batch, ctx.softmax_scale, o_latent);
     backend.head_bmm(o_latent, w.w_uv, /*transpose_w=*/true, attn);
   } else {
+    // q{T, H, Dn + R} with q_pe roped.
+    Tensor q = q_alone ? p.q.view({T, H, Dn + R}) : backend.alloc({T, H, Dn + R}, act);
+    if (!q_alone) p.q_nope_out = q;
+    p.q_pe_out = q;
+    p.q_pe_col = Dn;
+    prepare(p);
     // Expand every kv token of the batch (cached prefix included).
     const int64_t Lk = batch.kv_slots.numel();
     Tensor rows = backend.alloc({Lk, L + R}, act);
