@@ -1,5 +1,6 @@
 #include "runtime/deepseek_runner.h"
 
+#include "core/error.h"
 #include "model/kv_cache.h"
 
 namespace mlaserve::runtime {
@@ -45,14 +46,29 @@ Tensor DeepseekModelRunner::forward(const ForwardBatch& batch) {
 }
 
 std::vector<int32_t> DeepseekModelRunner::forward_greedy(const ForwardBatch& batch) {
+  return device_ids(batch, nullptr);
+}
+
+std::vector<int32_t> DeepseekModelRunner::forward_sampled(const ForwardBatch& batch,
+                                                          const std::vector<RowSampling>& rows) {
+  MLA_CHECK(rows.size() == batch.logit_rows.size(), "forward_sampled: {} sampling rows for {} logits rows",
+            rows.size(), batch.logit_rows.size());
+  return device_ids(batch, &rows);
+}
+
+std::vector<int32_t> DeepseekModelRunner::device_ids(const ForwardBatch& batch, const std::vector<RowSampling>* rows) {
   Tensor logits = device_logits(batch);
   if (!logits.defined()) return {};
   Backend& backend = model_.backend();
-  const int64_t rows = logits.dim(0);
-  Tensor ids = backend.alloc({rows}, DType::I32);
-  backend.argmax_rows(logits, ids);
+  const int64_t n = logits.dim(0);
+  Tensor ids = backend.alloc({n}, DType::I32);
+  if (rows) {
+    backend.sample_rows(logits, *rows, ids);
+  } else {
+    backend.argmax_rows(logits, ids);
+  }
   Tensor host = backend.to_host(ids);
-  return std::vector<int32_t>(host.data<int32_t>(), host.data<int32_t>() + rows);
+  return std::vector<int32_t>(host.data<int32_t>(), host.data<int32_t>() + n);
 }
 
 std::vector<int> default_cuda_graph_batch_sizes(int max_bs) {

@@ -24,6 +24,7 @@ class DeepseekModelRunner : public ModelRunner {
   int vocab_size() const override { return model_.config().vocab_size; }
   Tensor forward(const ForwardBatch& batch) override;
   std::vector<int32_t> forward_greedy(const ForwardBatch& batch) override;
+  std::vector<int32_t> forward_sampled(const ForwardBatch& batch, const std::vector<RowSampling>& rows) override;
   // Batch sizes with a captured decode graph (empty: eager only).
   std::vector<int> graph_batch_sizes() const;
 
@@ -31,6 +32,8 @@ class DeepseekModelRunner : public ModelRunner {
   // The step's logits {logit rows, vocab} on the device (a replayed graph's
   // or an eager forward's); undefined for a step without logits rows.
   Tensor device_logits(const ForwardBatch& batch);
+  // Each logits row's argmax (rows null) or sample_rows draw.
+  std::vector<int32_t> device_ids(const ForwardBatch& batch, const std::vector<RowSampling>* rows);
 
   DeepseekModel& model_;
   std::vector<Tensor> kv_cache_;

@@ -173,23 +173,25 @@ void Engine::step_thread() {
     const ScheduledBatch* batch = step_batch_;
     lk.unlock();
     Tensor logits;
-    std::vector<int32_t> greedy_ids;
+    std::vector<int32_t> ids;
     std::exception_ptr error;
     try {
-      if (batch->greedy_ids_only) {
-        greedy_ids = runner_->forward_greedy(batch->forward);
-        for (int32_t id : greedy_ids)
+      using Path = ScheduledBatch::SamplingPath;
+      if (batch->sampling == Path::HostLogits) {
+        logits = runner_->forward(batch->forward);
+      } else {
+        ids = batch->sampling == Path::DeviceArgmax ? runner_->forward_greedy(batch->forward)
+                                                    : runner_->forward_sampled(batch->forward, batch->device_rows);
+        for (int32_t id : ids)
           MLA_CHECK(id >= 0 && id < vocab_size_, "model returned token id {} outside the vocabulary [0, {})", id,
                     vocab_size_);
-      } else {
-        logits = runner_->forward(batch->forward);
       }
     } catch (...) {
       error = std::current_exception();
     }
     lk.lock();
     step_logits_ = std::move(logits);
-    step_greedy_ids_ = std::move(greedy_ids);
+    step_ids_ = std::move(ids);
     step_error_ = error;
     step_batch_ = nullptr;
     step_done_ = true;
@@ -218,8 +220,9 @@ void Engine::loop() {
         } else {
           // Overlap: step N+1 is built from N's sampled tokens and launched
           // before N's tokens are detokenized, matched and reported.
-          Scheduler::SampledStep sampled = done->greedy_ids_only ? scheduler_.sample_greedy(*done, step_greedy_ids_)
-                                                                 : scheduler_.sample(*done, step_logits_);
+          Scheduler::SampledStep sampled = done->sampling == ScheduledBatch::SamplingPath::HostLogits
+                                               ? scheduler_.sample(*done, step_logits_)
+                                               : scheduler_.sample_ids(*done, step_ids_);
           step_logits_ = Tensor();
           in_flight = launch(scheduler_.next_batch());
           scheduler_.postprocess(sampled);

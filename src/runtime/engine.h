@@ -8,8 +8,9 @@
 // only then detokenizes, matches stop strings and reports N's tokens, while
 // N+1 runs (a request ended by a stop string is dropped from N+1's results).
 // While a step runs the engine thread also takes in new requests and aborts.
-// A step whose rows are all plainly greedy (ScheduledBatch::greedy_ids_only)
-// asks the model for the argmax ids only, so the logits stay on the device.
+// A step whose rows need neither penalties nor logprobs
+// (ScheduledBatch::sampling) asks the model for the argmax or sampled ids
+// only, so the logits stay on the device.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -121,8 +122,8 @@ class Engine {
   // The step thread runs one forward at a time for the engine thread
   // (guarded by mu_, signalled through cv_).
   const ScheduledBatch* step_batch_ = nullptr;
-  Tensor step_logits_;                    // the step's logits rows, or
-  std::vector<int32_t> step_greedy_ids_;  // only their argmax (a greedy_ids_only batch)
+  Tensor step_logits_;             // the step's logits rows, or
+  std::vector<int32_t> step_ids_;  // the ids the device picked (ScheduledBatch::sampling)
   std::exception_ptr step_error_;
   bool step_done_ = false;
 

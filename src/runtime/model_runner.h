@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/backend.h"
 #include "kernels/forward_batch.h"
 
 namespace mlaserve::runtime {
@@ -22,6 +23,9 @@ class ModelRunner {
   // are all plainly greedy: the device reduces the rows, so only the ids
   // cross to the host. One id per batch.logit_rows entry, in order.
   virtual std::vector<int32_t> forward_greedy(const ForwardBatch& batch) = 0;
+  // One token per logits row drawn on the device (Backend::sample_rows with
+  // rows[i] for batch.logit_rows[i]): only the ids cross to the host.
+  virtual std::vector<int32_t> forward_sampled(const ForwardBatch& batch, const std::vector<RowSampling>& rows) = 0;
 };
 
 }  // namespace mlaserve::runtime

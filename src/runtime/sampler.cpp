@@ -125,8 +125,10 @@ SampledToken sample_token(std::span<const float> logits, const SamplingParams& p
   return out;
 }
 
-bool needs_only_argmax(const SamplingParams& p) {
-  return p.greedy() && !has_penalties(p) && !p.logprobs && p.top_logprobs == 0;
+bool needs_only_argmax(const SamplingParams& p) { return p.greedy() && can_sample_on_device(p); }
+
+bool can_sample_on_device(const SamplingParams& p) {
+  return !has_penalties(p) && !p.logprobs && p.top_logprobs == 0;
 }
 
 }  // namespace mlaserve::runtime

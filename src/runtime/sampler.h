@@ -41,5 +41,8 @@ SampledToken sample_token(std::span<const float> logits, const SamplingParams& p
 // (greedy, no penalties, no logprobs): the row itself is then not needed,
 // only its argmax, which the device can compute.
 bool needs_only_argmax(const SamplingParams& params);
+// True when Backend::sample_rows can pick the token (no penalties, no
+// logprobs): the row then never leaves the device.
+bool can_sample_on_device(const SamplingParams& params);
 
 }  // namespace mlaserve::runtime

@@ -351,9 +351,21 @@ std::optional<ScheduledBatch> Scheduler::build_batch() {
   }
 
   if (b.entries.empty()) return std::nullopt;
-  b.greedy_ids_only = std::all_of(b.entries.begin(), b.entries.end(), [](const ScheduledBatch::Entry& e) {
-    return e.logit_row < 0 || needs_only_argmax(e.request->params);
-  });
+  auto every_row = [&](auto pred) {
+    return std::all_of(b.entries.begin(), b.entries.end(),
+                       [&](const ScheduledBatch::Entry& e) { return e.logit_row < 0 || pred(e.request->params); });
+  };
+  if (every_row(needs_only_argmax)) {
+    b.sampling = ScheduledBatch::SamplingPath::DeviceArgmax;
+  } else if (every_row(can_sample_on_device)) {
+    b.sampling = ScheduledBatch::SamplingPath::DeviceSample;
+    b.device_rows.resize(b.forward.logit_rows.size());
+    for (const auto& e : b.entries) {
+      if (e.logit_row < 0) continue;
+      const SamplingParams& p = e.request->params;
+      b.device_rows[size_t(e.logit_row)] = {p.temperature, p.top_k, p.top_p, p.min_p, e.request->rng->uniform()};
+    }
+  }
   if (b.num_decode > 0) new_token_ratio_ = std::max(kMinNewTokenRatio, new_token_ratio_ - kNewTokenRatioDecay);
   totals_.last_batch_tokens = b.forward.num_tokens();
   totals_.last_batch_seqs = int(b.entries.size());
@@ -392,9 +404,10 @@ Scheduler::SampledStep Scheduler::sample(const ScheduledBatch& b, const Tensor& 
   return commit_sampled(to_sample, std::move(sampled));
 }
 
-Scheduler::SampledStep Scheduler::sample_greedy(const ScheduledBatch& b, std::span<const int32_t> ids) {
-  MLA_CHECK(b.greedy_ids_only, "sample_greedy: the batch has rows that need more than their argmax");
-  MLA_CHECK(ids.size() == b.forward.logit_rows.size(), "model returned {} greedy ids for {} rows", ids.size(),
+Scheduler::SampledStep Scheduler::sample_ids(const ScheduledBatch& b, std::span<const int32_t> ids) {
+  MLA_CHECK(b.sampling != ScheduledBatch::SamplingPath::HostLogits,
+            "sample_ids: the batch has rows that need their whole logits on the host");
+  MLA_CHECK(ids.size() == b.forward.logit_rows.size(), "model returned {} ids for {} rows", ids.size(),
             b.forward.logit_rows.size());
   std::vector<const ScheduledBatch::Entry*> to_sample = begin_sampling(b);
   std::vector<SampledToken> sampled(to_sample.size());

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/backend.h"
 #include "kernels/forward_batch.h"
 #include "runtime/page_allocator.h"
 #include "runtime/radix_cache.h"
@@ -64,9 +65,15 @@ struct ScheduledBatch {
   ForwardBatch forward;
   std::vector<Entry> entries;
   int num_decode = 0;
-  // Every row to sample needs only its argmax (needs_only_argmax): the model
-  // may return just the ids (ModelRunner::forward_greedy, sample_greedy).
-  bool greedy_ids_only = false;
+  // Where the step's tokens are picked. DeviceArgmax: every row needs only
+  // its argmax (needs_only_argmax); DeviceSample: no row has penalties or
+  // logprobs, so the device samples each row with device_rows (the request's
+  // settings and this token's draw from its RNG); HostLogits otherwise. The
+  // device paths return just the ids (ModelRunner::forward_greedy /
+  // forward_sampled, then Scheduler::sample_ids).
+  enum class SamplingPath { HostLogits, DeviceArgmax, DeviceSample };
+  SamplingPath sampling = SamplingPath::HostLogits;
+  std::vector<RowSampling> device_rows;  // DeviceSample: one per logits row
 };
 
 class Scheduler {
@@ -105,9 +112,9 @@ class Scheduler {
   // request's next token and ends those that finish by token or length (their
   // pages are freed at once), so next_batch() can build the following step.
   SampledStep sample(const ScheduledBatch& batch, const Tensor& logits);
-  // The same from the argmax of each logits row (one id per row), for a
-  // batch with greedy_ids_only.
-  SampledStep sample_greedy(const ScheduledBatch& batch, std::span<const int32_t> ids);
+  // The same from the ids the device picked (one per logits row), for a
+  // batch whose sampling path is DeviceArgmax or DeviceSample.
+  SampledStep sample_ids(const ScheduledBatch& batch, std::span<const int32_t> ids);
   // Detokenizes, matches stop strings and reports; meant to run while the
   // next step is already on the device (overlap). A stop string found here
   // ends its request before its next step is sampled.
@@ -137,7 +144,7 @@ class Scheduler {
   int decode_reserve_pages(const Request& r) const;
   void sort_waiting();
   std::unique_ptr<Request> take_running(const Request& r);
-  // The shared halves of sample() and sample_greedy(): the step's entries
+  // The shared halves of sample() and sample_ids(): the step's entries
   // whose row is to be sampled (kv lengths advanced, prefixes cached), then
   // the bookkeeping of their tokens (one per entry, in that order).
   std::vector<const ScheduledBatch::Entry*> begin_sampling(const ScheduledBatch& b);

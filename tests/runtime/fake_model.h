@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "kernels/cpu/cpu_sampling.h"
 #include "runtime/model_runner.h"
 #include "runtime/text_stream.h"
 
@@ -52,9 +53,22 @@ class FakeModel : public ModelRunner {
     return run(b);
   }
 
+  // forward()'s rows drawn with the CPU reference of Backend::sample_rows.
+  std::vector<int32_t> forward_sampled(const ForwardBatch& b, const std::vector<RowSampling>& rows) override {
+    ++sampled_steps;
+    if (rows.size() != b.logit_rows.size()) throw std::runtime_error("fake model: sampling rows != logits rows");
+    Tensor logits = forward(b);
+    --logits_steps;
+    std::vector<int32_t> ids;
+    for (size_t r = 0; r < rows.size(); ++r)
+      ids.push_back(cpu::sample_row(logits.data<float>() + r * size_t(vocab_), vocab_, rows[r]));
+    return ids;
+  }
+
   int steps = 0;
   int logits_steps = 0;
   int greedy_steps = 0;
+  int sampled_steps = 0;
   int max_batch_tokens = 0;
   int max_batch_seqs = 0;
 

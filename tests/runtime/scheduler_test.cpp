@@ -44,7 +44,10 @@ struct Harness {
   bool greedy_ids = true;
 
   Scheduler::SampledStep step(const ScheduledBatch& b) {
-    if (greedy_ids && b.greedy_ids_only) return sched.sample_greedy(b, model.forward_greedy(b.forward));
+    using Path = ScheduledBatch::SamplingPath;
+    if (greedy_ids && b.sampling == Path::DeviceArgmax) return sched.sample_ids(b, model.forward_greedy(b.forward));
+    if (greedy_ids && b.sampling == Path::DeviceSample)
+      return sched.sample_ids(b, model.forward_sampled(b.forward, b.device_rows));
     return sched.sample(b, model.forward(b.forward));
   }
 
@@ -163,41 +166,69 @@ TEST(Scheduler, ContinuousBatchingUnderMemoryPressureGivesExactOutputs) {
   }
 }
 
-TEST(Scheduler, OnlyPlainGreedyBatchesAskForIdsOnly) {
+TEST(Scheduler, RowsWithoutPenaltiesOrLogprobsArePickedOnTheDevice) {
   SchedulerConfig c;
   c.page_size = 4;
   c.num_pages = 64;
+  using Path = ScheduledBatch::SamplingPath;
   auto batch_of = [&](SamplingParams second) {
     Harness h(c);
     h.add({1, 2, 3}, greedy(4));
     h.add({4, 5}, second);
-    return h.sched.next_batch()->greedy_ids_only;
+    return h.sched.next_batch()->sampling;
   };
-  EXPECT_TRUE(batch_of(greedy(4)));
+  EXPECT_EQ(batch_of(greedy(4)), Path::DeviceArgmax);
   SamplingParams top_k_one = greedy(4);
   top_k_one.temperature = 0.7f;
   top_k_one.top_k = 1;
-  EXPECT_TRUE(batch_of(top_k_one));
+  EXPECT_EQ(batch_of(top_k_one), Path::DeviceArgmax);
   SamplingParams with_stops = greedy(4);
   with_stops.stop_token_ids = {7};
   with_stops.stop = {"ab"};
-  EXPECT_TRUE(batch_of(with_stops));
+  EXPECT_EQ(batch_of(with_stops), Path::DeviceArgmax);
 
   SamplingParams sampled = greedy(4);
   sampled.temperature = 0.7f;
-  EXPECT_FALSE(batch_of(sampled));
+  sampled.top_p = 0.9f;
+  EXPECT_EQ(batch_of(sampled), Path::DeviceSample);
   SamplingParams logprobs = greedy(4);
   logprobs.logprobs = true;
-  EXPECT_FALSE(batch_of(logprobs));
-  SamplingParams top_logprobs = greedy(4);
+  EXPECT_EQ(batch_of(logprobs), Path::HostLogits);
+  SamplingParams top_logprobs = sampled;
   top_logprobs.top_logprobs = 2;
-  EXPECT_FALSE(batch_of(top_logprobs));
+  EXPECT_EQ(batch_of(top_logprobs), Path::HostLogits);
   for (auto penalty : {&SamplingParams::repetition_penalty, &SamplingParams::frequency_penalty,
                        &SamplingParams::presence_penalty}) {
-    SamplingParams penalized = greedy(4);
+    SamplingParams penalized = sampled;
     penalized.*penalty = 1.3f;
-    EXPECT_FALSE(batch_of(penalized));
+    EXPECT_EQ(batch_of(penalized), Path::HostLogits);
   }
+}
+
+TEST(Scheduler, DeviceSampledRowsCarryTheRequestSettingsAndItsSeededDraw) {
+  SchedulerConfig c;
+  c.page_size = 4;
+  c.num_pages = 64;
+  SamplingParams p = greedy(4);
+  p.temperature = 0.8f;
+  p.top_k = 40;
+  p.top_p = 0.95f;
+  p.min_p = 0.02f;
+  p.seed = 1234;
+  Harness h(c);
+  h.add({1, 2, 3}, greedy(4));
+  h.add({4, 5}, p);
+  auto b = h.sched.next_batch();
+  ASSERT_TRUE(b && b->sampling == ScheduledBatch::SamplingPath::DeviceSample);
+  ASSERT_EQ(b->device_rows.size(), 2u);
+  EXPECT_LT(b->device_rows[0].temperature, 1e-5f);  // the greedy row stays greedy
+  const RowSampling& r = b->device_rows[1];
+  EXPECT_EQ(r.temperature, 0.8f);
+  EXPECT_EQ(r.top_k, 40);
+  EXPECT_EQ(r.top_p, 0.95f);
+  EXPECT_EQ(r.min_p, 0.02f);
+  Rng same_seed(1234);
+  EXPECT_EQ(r.uniform, same_seed.uniform());
 }
 
 TEST(Scheduler, GreedyIdsMustCoverEveryRow) {
@@ -208,9 +239,9 @@ TEST(Scheduler, GreedyIdsMustCoverEveryRow) {
   h.add({1, 2, 3}, greedy(4));
   h.add({4, 5}, greedy(4));
   auto b = h.sched.next_batch();
-  ASSERT_TRUE(b && b->greedy_ids_only);
+  ASSERT_TRUE(b && b->sampling == ScheduledBatch::SamplingPath::DeviceArgmax);
   std::vector<int32_t> one_id = {3};
-  EXPECT_THROW(h.sched.sample_greedy(*b, one_id), Error);
+  EXPECT_THROW(h.sched.sample_ids(*b, one_id), Error);
 }
 
 TEST(Scheduler, SharedPrefixIsReportedAsCached) {
