@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace mlaserve::cuda {
 namespace {
@@ -10,6 +11,7 @@ constexpr int kRowThreads = 256;
 
 __global__ void embedding_kernel(const int32_t* ids, const __nv_bfloat16* table, int64_t dim,
                                  __nv_bfloat16* out) {
+  pdl_enter();
   const int64_t t = blockIdx.x;
   const __nv_bfloat16* src = table + int64_t(ids[t]) * dim;
   __nv_bfloat16* dst = out + t * dim;
@@ -20,6 +22,7 @@ __global__ void embedding_kernel(const int32_t* ids, const __nv_bfloat16* table,
 // squares; pass 2 rereads it (from L1/L2) to scale, so any width works.
 __global__ void rms_norm_kernel(const __nv_bfloat16* x, const __nv_bfloat16* w, float eps, int64_t dim,
                                 __nv_bfloat16* out, __nv_bfloat16* residual) {
+  pdl_enter();
   const int64_t row = blockIdx.x;
   const __nv_bfloat16* xr = x + row * dim;
   __nv_bfloat16* rr = residual ? residual + row * dim : nullptr;
@@ -54,6 +57,7 @@ __global__ void rms_norm_kernel(const __nv_bfloat16* x, const __nv_bfloat16* w, 
 
 __global__ void silu_and_mul_kernel(const __nv_bfloat16* gate, const __nv_bfloat16* up, int64_t in_stride,
                                     int64_t rows, int64_t inter, __nv_bfloat16* out) {
+  pdl_enter();
   const int64_t vecs_per_row = inter / 8;
   const int64_t total = rows * vecs_per_row;
   for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < total;
@@ -72,6 +76,7 @@ __global__ void silu_and_mul_kernel(const __nv_bfloat16* gate, const __nv_bfloat
 template <typename Word>
 __global__ void copy_columns_kernel(const Word* src, int64_t src_width, int64_t src_col, Word* dst,
                                     int64_t dst_width, int64_t dst_col, int64_t n, int64_t rows) {
+  pdl_enter();
   const int64_t total = rows * n;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -81,6 +86,7 @@ __global__ void copy_columns_kernel(const Word* src, int64_t src_width, int64_t 
 }
 
 __global__ void add_kernel(__nv_bfloat16* y, const __nv_bfloat16* x, int64_t n_vec) {
+  pdl_enter();
   for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < n_vec;
        v += int64_t(gridDim.x) * blockDim.x) {
     float a[8], b[8];
@@ -100,6 +106,7 @@ __global__ void convert_f32_to_bf16_kernel(const float* src, int64_t n, __nv_bfl
 // One block a row; 16-byte words when the row allows, else 4-byte words.
 template <typename Word, bool kScatter>
 __global__ void move_rows_kernel(char* dst, const char* src, const int32_t* slots, int64_t row_words) {
+  pdl_enter();
   const int64_t i = blockIdx.x;
   const int64_t di = kScatter ? slots[i] : i, si = kScatter ? i : slots[i];
   Word* d = reinterpret_cast<Word*>(dst) + di * row_words;
@@ -128,10 +135,11 @@ void move_rows(void* dst, const void* src, const int32_t* slots, int64_t num_row
                     reinterpret_cast<uintptr_t>(src) % 16 == 0;
   if (wide) {
     const int64_t words = row_bytes / 16;
-    move_rows_kernel<uint4, kScatter><<<num_rows, words < 128 ? 64 : 128, 0, stream>>>(d, s, slots, words);
+    launch_dependent(move_rows_kernel<uint4, kScatter>, num_rows, words < 128 ? 64 : 128, 0, stream, d, s, slots,
+                     words);
   } else {
     const int64_t words = row_bytes / 4;
-    move_rows_kernel<uint32_t, kScatter><<<num_rows, 128, 0, stream>>>(d, s, slots, words);
+    launch_dependent(move_rows_kernel<uint32_t, kScatter>, num_rows, 128, 0, stream, d, s, slots, words);
   }
   check_launch(op);
 }
@@ -142,7 +150,7 @@ void embedding(const int32_t* ids, const __nv_bfloat16* table, int64_t num_token
                __nv_bfloat16* out, cudaStream_t stream) {
   check_width(dim, "embedding");
   if (num_tokens == 0) return;
-  embedding_kernel<<<num_tokens, 128, 0, stream>>>(ids, table, dim, out);
+  launch_dependent(embedding_kernel, num_tokens, 128, 0, stream, ids, table, dim, out);
   check_launch("embedding");
 }
 
@@ -151,7 +159,7 @@ void rms_norm(const __nv_bfloat16* x, const __nv_bfloat16* w, float eps, int64_t
   check_width(dim, "rms_norm");
   if (rows == 0) return;
   const int threads = dim >= 8 * kRowThreads ? kRowThreads : (dim >= 1024 ? 128 : 64);
-  rms_norm_kernel<<<rows, threads, 0, stream>>>(x, w, eps, dim, out, residual);
+  launch_dependent(rms_norm_kernel, rows, threads, 0, stream, x, w, eps, dim, out, residual);
   check_launch("rms_norm");
 }
 
@@ -160,7 +168,8 @@ void silu_and_mul(const __nv_bfloat16* gate, const __nv_bfloat16* up, int64_t in
   check_width(inter, "silu_and_mul");
   check_width(in_stride, "silu_and_mul");
   if (rows == 0) return;
-  silu_and_mul_kernel<<<grid_for(rows * inter / 8, 256), 256, 0, stream>>>(gate, up, in_stride, rows, inter, out);
+  launch_dependent(silu_and_mul_kernel, grid_for(rows * inter / 8, 256), 256, 0, stream, gate, up, in_stride, rows,
+                   inter, out);
   check_launch("silu_and_mul");
 }
 
@@ -182,7 +191,7 @@ void copy_columns(const void* src, int64_t src_width, int64_t src_col, void* dst
   auto launch = [&](auto tag) {
     using Word = decltype(tag);
     const int64_t s = int64_t(sizeof(Word));
-    copy_columns_kernel<Word><<<grid_for(rows * n * k / s, 256), 256, 0, stream>>>(
+    launch_dependent(copy_columns_kernel<Word>, grid_for(rows * n * k / s, 256), 256, 0, stream,
         static_cast<const Word*>(src), src_width * k / s, src_col * k / s, static_cast<Word*>(dst),
         dst_width * k / s, dst_col * k / s, n * k / s, rows);
   };
@@ -199,7 +208,7 @@ void copy_columns(const void* src, int64_t src_width, int64_t src_col, void* dst
 void add_inplace(__nv_bfloat16* y, const __nv_bfloat16* x, int64_t n, cudaStream_t stream) {
   check_width(n, "add");
   if (n == 0) return;
-  add_kernel<<<grid_for(n / 8, 256), 256, 0, stream>>>(y, x, n / 8);
+  launch_dependent(add_kernel, grid_for(n / 8, 256), 256, 0, stream, y, x, n / 8);
   check_launch("add");
 }
 

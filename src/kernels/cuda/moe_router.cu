@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace mlaserve::cuda {
 namespace {
@@ -25,6 +26,7 @@ __device__ __forceinline__ void warp_argmax(float& v, int& idx) {
 }
 
 __global__ void moe_route_kernel(MoeRouteParams p) {
+  pdl_enter();
   __shared__ float sel_s[kWarpsPerBlock][kMaxRoutedExperts];  // selection scores (+ bias)
   __shared__ bool group_kept[kWarpsPerBlock][32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -159,7 +161,7 @@ void moe_route(const MoeRouteParams& p, cudaStream_t stream) {
                      std::string("moe_route: top_k exceeds the experts in the kept groups"));
   }
   const int blocks = (p.num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  moe_route_kernel<<<blocks, kWarpsPerBlock * 32, 0, stream>>>(p);
+  launch_dependent(moe_route_kernel, blocks, kWarpsPerBlock * 32, 0, stream, p);
   check_launch("moe_route");
 }
 

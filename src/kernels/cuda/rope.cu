@@ -1,6 +1,7 @@
 #include "kernels/cuda/rope.h"
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace mlaserve::cuda {
 namespace {
@@ -10,6 +11,7 @@ namespace {
 __global__ void rope_kernel(__nv_bfloat16* x, int64_t num_pairs, int64_t heads, int64_t row_stride,
                             int64_t offset, const int32_t* positions, const float* inv_freq, int num_freqs,
                             float scale) {
+  pdl_enter();
   const int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (p >= num_pairs) return;
   const int i = int(p % num_freqs);
@@ -34,8 +36,8 @@ void rope_inplace(__nv_bfloat16* x, int64_t num_tokens, int64_t heads, int64_t r
                        " do not fit rows of " + std::to_string(row_stride));
   const int64_t pairs = num_tokens * heads * num_freqs;
   if (pairs == 0) return;
-  rope_kernel<<<(pairs + 255) / 256, 256, 0, stream>>>(x, pairs, heads, row_stride, offset, positions, inv_freq,
-                                                       num_freqs, cos_sin_scale);
+  launch_dependent(rope_kernel, unsigned((pairs + 255) / 256), 256, 0, stream, x, pairs, heads, row_stride, offset,
+                   positions, inv_freq, num_freqs, cos_sin_scale);
   check_launch("rope");
 }
 

@@ -1,6 +1,7 @@
 #include "kernels/cuda/sampling.h"
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.cuh"
 
 #include <string>
 
@@ -18,6 +19,7 @@ __device__ __forceinline__ void better(float& v, int& i, float ov, int oi) {
 
 // One block a row: strided scan (float4 loads), then a warp/block reduction.
 __global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* ids) {
+  pdl_enter();
   const float* row = logits + blockIdx.x * vocab;
   float v = -INFINITY;
   int idx = 0x7fffffff;
@@ -115,6 +117,7 @@ __device__ uint32_t radix_select(const float* row, int64_t vocab, float max_l, f
 // vocabulary order (each thread scans a contiguous slice).
 __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, int64_t vocab,
                                                           const RowSamplingParams* params, int32_t* ids) {
+  pdl_enter();
   const float* row = logits + blockIdx.x * vocab;
   const RowSamplingParams p = params[blockIdx.x];
   const int argmax = row_argmax(row, vocab);
@@ -181,7 +184,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
 
 void greedy_argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids, cudaStream_t stream) {
   if (rows == 0) return;
-  argmax_kernel<<<rows, kThreads, 0, stream>>>(logits, vocab, ids);
+  launch_dependent(argmax_kernel, unsigned(rows), kThreads, 0, stream, logits, vocab, ids);
   check_launch("greedy_argmax");
 }
 
@@ -189,7 +192,7 @@ void sample_tokens(const float* logits, int64_t rows, int64_t vocab, const RowSa
                    cudaStream_t stream) {
   if (rows == 0) return;
   MLA_CUDA_REQUIRE(vocab > 0 && vocab < (int64_t(1) << 31), "sample_tokens: vocabulary of " + std::to_string(vocab));
-  sample_kernel<<<rows, kThreads, 0, stream>>>(logits, vocab, params, ids);
+  launch_dependent(sample_kernel, unsigned(rows), kThreads, 0, stream, logits, vocab, params, ids);
   check_launch("sample_tokens");
 }
 

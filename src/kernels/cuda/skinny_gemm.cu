@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace mlaserve::cuda {
 namespace {
@@ -15,17 +16,30 @@ template <bool kOutF32>
 __global__ void __launch_bounds__(kWarps * 32) skinny_gemm_kernel(const __nv_bfloat16* __restrict__ x,
                                                                   const __nv_bfloat16* __restrict__ w, int m,
                                                                   int64_t n, int64_t k, void* out) {
+  pdl_launch_dependents();
   const int lane = threadIdx.x % 32;
   const int64_t col = blockIdx.x * int64_t(kWarps) + threadIdx.x / 32;
-  if (col >= n) return;
-  const __nv_bfloat16* wr = w + col * k;
-  float acc[kSkinnyMaxRows] = {};
   constexpr int kStep = 32 * 8;  // elements a warp covers per load
+  // The weights do not depend on the previous kernel: the first loads are
+  // issued before waiting for it, overlapping its tail.
+  const __nv_bfloat16* wr = w + (col < n ? col : 0) * k;
+  Bf16x8 first[kUnroll];
+  const bool prefetched = kUnroll * kStep <= k;
+  if (prefetched) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) first[u] = Bf16x8::load(wr + u * kStep + lane * 8);
+  }
+  pdl_wait();
+  if (col >= n) return;
+  float acc[kSkinnyMaxRows] = {};
   int64_t k0 = 0;
   for (; k0 + kUnroll * kStep <= k; k0 += kUnroll * kStep) {
     float wv[kUnroll][8];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) Bf16x8::load(wr + k0 + u * kStep + lane * 8).to_float(wv[u]);
+    for (int u = 0; u < kUnroll; ++u) {
+      if (k0 == 0) first[u].to_float(wv[u]);
+      else Bf16x8::load(wr + k0 + u * kStep + lane * 8).to_float(wv[u]);
+    }
 #pragma unroll
     for (int r = 0; r < kSkinnyMaxRows; ++r) {
       if (r < m) {
@@ -74,8 +88,8 @@ void skinny_gemm(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t m, int6
                                                   std::to_string(k) + " (at most 8 rows, width a multiple of 8)");
   if (n == 0) return;
   const unsigned blocks = unsigned((n + kWarps - 1) / kWarps);
-  if (out_f32) skinny_gemm_kernel<true><<<blocks, kWarps * 32, 0, stream>>>(x, w, int(m), n, k, out);
-  else skinny_gemm_kernel<false><<<blocks, kWarps * 32, 0, stream>>>(x, w, int(m), n, k, out);
+  if (out_f32) launch_dependent(skinny_gemm_kernel<true>, blocks, kWarps * 32, 0, stream, x, w, int(m), n, k, out);
+  else launch_dependent(skinny_gemm_kernel<false>, blocks, kWarps * 32, 0, stream, x, w, int(m), n, k, out);
   check_launch("skinny_gemm");
 }
 

@@ -1,0 +1,58 @@
+#pragma once
+// Programmatic dependent launch (Hopper). A kernel started with
+// launch_dependent() may become resident while the kernel before it on the
+// stream is still finishing, so the launch gap between the ~15 small kernels
+// of a decode layer overlaps the previous kernel's tail (inside CUDA graphs
+// the launches become programmatic edges). Rules for such a kernel:
+// - call pdl_enter() before its first global write and before reading
+//   anything an earlier kernel wrote (weights may be prefetched before it):
+//   it lets the next kernel launch early, then waits until every earlier
+//   kernel has completed and its writes are visible. Since each such kernel
+//   waits for the complete previous one, ordering stays transitive.
+// - Kernels without pdl_enter() are launched the ordinary way.
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace mlaserve::cuda {
+
+// Whether launches use the attribute: a Hopper device and MLASERVE_PDL not 0
+// (decided once; the switch exists to measure what it buys).
+bool pdl_enabled();
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// The next kernel may launch once every block of this one has called it
+// (a block's exit counts too), so it never takes this kernel's own slots.
+__device__ __forceinline__ void pdl_enter() {
+  pdl_launch_dependents();
+  pdl_wait();
+}
+
+template <typename... Params, typename... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                      Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace mlaserve::cuda
