@@ -3,8 +3,9 @@
 # .device-cuda carried (see pack.sh): device facts, the GPU tests, a
 # compute-sanitizer pass over them, and the kernel benchmarks. Logs go to
 # $OUT; the last lines printed are the summary.
-# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|model|peer]...
-# (default: tests sanitize bench model peer). model makes a random v2-lite
+# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|grouped|fp8|model|nopdl|peer]...
+# (default: tests sanitize bench model peer). nopdl repeats the model's decode
+# with programmatic dependent launch off (MLASERVE_PDL=0), to show what it buys. model makes a random v2-lite
 # checkpoint in $CKPT (default /tmp/v2lite) and runs bench_model_cuda on it;
 # peer runs transformers on the same checkpoint.
 set -uo pipefail
@@ -43,9 +44,26 @@ for step in "${steps[@]}"; do
         summary+=("bench: rc=${PIPESTATUS[0]}")
       fi
       ;;
+    grouped)
+      if [ -x "$dir/bench_grouped_gemm" ]; then
+        "$dir/bench_grouped_gemm" ${GROUPED_ARGS:-} 2>&1 | tee "$OUT/grouped.log"
+        summary+=("grouped GEMM bench: rc=${PIPESTATUS[0]}")
+      fi
+      ;;
+    fp8)
+      if [ -x "$dir/bench_fp8" ]; then
+        "$dir/bench_fp8" ${FP8_ARGS:-} 2>&1 | tee "$OUT/fp8.log"
+        summary+=("fp8 bench: rc=${PIPESTATUS[0]}")
+      fi
+      ;;
     model)
       "$dir/bench_model_cuda" --dir "$CKPT" ${MODEL_ARGS:-} 2>&1 | tee "$OUT/model.log"
       summary+=("model bench: rc=${PIPESTATUS[0]}")
+      ;;
+    nopdl)
+      MLASERVE_PDL=0 "$dir/bench_model_cuda" --dir "$CKPT" ${NOPDL_ARGS:---batches 1,8 --output 64} 2>&1 |
+        tee "$OUT/model_nopdl.log"
+      summary+=("model bench without PDL: rc=${PIPESTATUS[0]}")
       ;;
     peer)
       PYTHONUNBUFFERED=1 python3 scripts/device/hf_peer.py "$CKPT" ${PEER_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/peer.log"

@@ -14,7 +14,7 @@ case "$dest" in .device*) ;; *) echo "pack.sh: dest must start with .device" >&2
 rm -rf "$dest" && mkdir -p "$dest/lib"
 grep -qx '/.device\*/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.device*/' >> .git/info/exclude; }
 bins=()
-for b in test_cuda bench_kernels_cuda bench_model_cuda mlaserve; do
+for b in ${PACK_BINS:-test_cuda bench_kernels_cuda bench_model_cuda bench_grouped_gemm bench_fp8 mlaserve}; do
   [ -x "$build/$b" ] && cp "$build/$b" "$dest/" && bins+=("$dest/$b")
 done
 # Debug info would not fit the 64 MiB the device call carries.
