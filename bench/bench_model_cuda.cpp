@@ -5,14 +5,18 @@
 // GB/s against the measured copy bandwidth, TFLOP/s against the measured bf16
 // GEMM rate. Routing on random weights is close to uniform (the balanced case).
 //
-//   bench_model_cuda --dir /tmp/v2lite [--preset v2-lite] [--layers N]
+//   bench_model_cuda --dir /tmp/v2lite [--preset v2-lite] [--layers N] [--dtype bf16|fp8]
 //                    [--batches 1,8,64] [--input 512] [--output 128]
+// With --dtype fp8 the checkpoint is block-FP8 (run with MLASERVE_FP8=1 to
+// keep the weights FP8 on the GPU; bytes are then counted at 1 per weight
+// for the quantized projections).
 #ifdef MLASERVE_WITH_CUDA
 #include <cuda_runtime_api.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -40,6 +44,7 @@ namespace {
 struct Args {
   std::filesystem::path dir = "/tmp/mlaserve_bench_v2lite";
   std::string preset = "v2-lite";
+  std::string dtype = "bf16";
   int layers = 0;  // 0: the preset's
   std::vector<int> batches = {1, 8, 64};
   int input = 512, output = 128;
@@ -52,6 +57,7 @@ Args parse(int argc, char** argv) {
     if (k == "--dir") a.dir = v;
     else if (k == "--preset") a.preset = v;
     else if (k == "--layers") a.layers = std::stoi(v);
+    else if (k == "--dtype") a.dtype = v;
     else if (k == "--input") a.input = std::stoi(v);
     else if (k == "--output") a.output = std::stoi(v);
     else if (k == "--batches") {
@@ -116,7 +122,8 @@ Ceilings measure_ceilings() {
 
 // Weight parameters of one token's matmuls, by kind (v2/v3 layouts).
 struct ParamCounts {
-  double attention = 0, dense_mlp = 0, shared = 0, router = 0, expert = 0, lm_head = 0;
+  double attention = 0, absorbed = 0, dense_mlp = 0, shared = 0, router = 0, expert = 0, lm_head = 0;
+  double quantized_bytes = 2;  // per weight of the projections a block-FP8 checkpoint quantizes
   int moe_layers = 0, experts = 0, top_k = 0;
 };
 
@@ -125,8 +132,9 @@ ParamCounts count_params(const ModelConfig& c) {
   const double D = c.hidden_size, H = c.num_attention_heads, L = c.kv_lora_rank, R = c.qk_rope_head_dim;
   const double Dn = c.qk_nope_head_dim, Dv = c.v_head_dim, Dq = Dn + R;
   const double q = c.q_lora_rank ? D * *c.q_lora_rank + *c.q_lora_rank * H * Dq : D * H * Dq;
-  // decode reads W_UK / W_UV (the same bytes as kv_b_proj)
-  p.attention = c.num_hidden_layers * (q + D * (L + R) + H * (Dn + Dv) * L + H * Dv * D);
+  p.attention = c.num_hidden_layers * (q + D * (L + R) + H * Dv * D);
+  // decode reads W_UK / W_UV (kv_b_proj's weights, kept in bf16 for the absorbed form)
+  p.absorbed = c.num_hidden_layers * H * (Dn + Dv) * L;
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     if (c.is_moe_layer(i)) {
       ++p.moe_layers;
@@ -147,15 +155,16 @@ ParamCounts count_params(const ModelConfig& c) {
 // experts B uniform tokens touch in expectation, and the latent cache.
 double decode_bytes(const ModelConfig& c, const ParamCounts& p, int B, int ctx) {
   const double touched = p.experts * (1.0 - std::pow(1.0 - double(p.top_k) / p.experts, B));
-  const double weights = p.attention + p.dense_mlp + p.shared + p.router + p.lm_head + p.moe_layers * touched * p.expert;
+  const double quantized = p.attention + p.dense_mlp + p.shared + p.moe_layers * touched * p.expert;
   const double kv = double(B) * ctx * c.kv_cache_width() * c.num_hidden_layers;
-  return 2.0 * (weights + kv);
+  return p.quantized_bytes * quantized + 2.0 * (p.absorbed + p.router + p.lm_head + kv);
 }
 
 // Matmul + attention FLOPs of a prefill of B sequences of len tokens (causal).
 double prefill_flops(const ModelConfig& c, const ParamCounts& p, int B, int len) {
   const double tokens = double(B) * len;
-  const double per_token = p.attention + p.dense_mlp + p.shared + p.router + p.moe_layers * p.top_k * p.expert;
+  const double per_token =
+      p.attention + p.absorbed + p.dense_mlp + p.shared + p.router + p.moe_layers * p.top_k * p.expert;
   const double pairs = double(B) * len * (len + 1) / 2.0;
   const double attn = 2.0 * pairs * c.num_attention_heads * (c.qk_head_dim() + c.v_head_dim) * c.num_hidden_layers;
   return 2.0 * per_token * tokens + attn + 2.0 * p.lm_head * B;  // logits of each sequence's last token
@@ -286,6 +295,9 @@ class OpTimingBackend final : public Backend {
   void argmax_rows(const Tensor& logits, Tensor ids) override {
     timed("argmax_rows", [&] { in_.argmax_rows(logits, ids); });
   }
+  void sample_rows(const Tensor& logits, const std::vector<RowSampling>& rows, Tensor ids) override {
+    timed("sample_rows", [&] { in_.sample_rows(logits, rows, ids); });
+  }
 
   void enable(bool on) { enabled_ = on; }
 
@@ -330,7 +342,7 @@ int run(const Args& a) {
   if (!std::filesystem::exists(a.dir / "config.json")) {
     MakeModelOptions o;
     o.preset = a.preset;
-    o.dtype = "bf16";
+    o.dtype = a.dtype;
     o.out_dir = a.dir;
     if (a.layers) o.layers = a.layers;
     o.mtp_layers = 0;
@@ -348,7 +360,11 @@ int run(const Args& a) {
   auto& be = cuda_be;
   be.synchronize();
   const ModelConfig& c = model.config();
-  const ParamCounts pc = count_params(c);
+  ParamCounts pc = count_params(c);
+  // FP8-resident weights only with MLASERVE_FP8=1 (cuda_backend.cpp); otherwise they were dequantized at load.
+  const char* fp8_env = std::getenv("MLASERVE_FP8");
+  if (a.dtype == "fp8" && fp8_env && std::string(fp8_env) == "1") pc.quantized_bytes = 1.0 + 4.0 / (128 * 128);
+  std::printf("weights: %s, projections read at %.4f bytes a weight\n", a.dtype.c_str(), pc.quantized_bytes);
   std::printf("loaded %d layers in %.1f s (%s)\n", c.num_hidden_layers, seconds_since(t0), be.name().c_str());
   std::mt19937 rng(1);
   DeviceBuffer ids(size_t(4) * 1024);
