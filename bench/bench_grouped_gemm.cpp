@@ -101,6 +101,7 @@ void BM_Sm90MoeBf16(benchmark::State& state) {
   if (skip_without_hopper(state)) return;
   constexpr int kExperts = 64, kHidden = 2048, kInter = 1408, kTopK = 6;
   const int tokens = int(state.range(0));
+  const Sm90GemmVariant variant{int(state.range(1)), -1, int(state.range(2))};
   DeviceBuffer x(size_t(tokens) * kHidden * 2), gate_up(size_t(kExperts) * 2 * kInter * kHidden * 2),
       down(size_t(kExperts) * kHidden * kInter * 2), out(size_t(tokens) * kHidden * 2);
   fill_random_bf16(x.get<__nv_bfloat16>(), x.bytes() / 2, 8, nullptr);
@@ -119,6 +120,7 @@ void BM_Sm90MoeBf16(benchmark::State& state) {
   p.num_experts = kExperts;
   p.top_k = kTopK;
   p.out = out.get<__nv_bfloat16>();
+  p.variant = variant;
   DeviceBuffer workspace(moe_experts_sm90_workspace_bytes(p));
   const double s = median_seconds(state, [&] { moe_experts_sm90(p, workspace.get(), nullptr); });
   report(state, s, 2.0 * tokens * kTopK * 3.0 * kHidden * kInter, kBf16PeakTflops);
@@ -128,6 +130,7 @@ void BM_Sm90MoeFp8(benchmark::State& state) {
   if (skip_without_hopper(state)) return;
   constexpr int kExperts = 256, kHidden = 7168, kInter = 2048, kTopK = 8;
   const int tokens = int(state.range(0));
+  const Sm90GemmVariant variant{0, int(state.range(1)), int(state.range(2))};
   DeviceBuffer x(size_t(tokens) * kHidden * 2), out(size_t(tokens) * kHidden * 2);
   DeviceBuffer gate_up(size_t(kExperts) * 2 * kInter * kHidden), down(size_t(kExperts) * kHidden * kInter);
   DeviceBuffer gate_up_scale(size_t(kExperts) * (2 * kInter / 128) * (kHidden / 128) * 4),
@@ -152,6 +155,7 @@ void BM_Sm90MoeFp8(benchmark::State& state) {
   p.num_experts = kExperts;
   p.top_k = kTopK;
   p.out = out.get<__nv_bfloat16>();
+  p.variant = variant;
   DeviceBuffer workspace(fp8_moe_experts_sm90_workspace_bytes(p));
   const double s = median_seconds(state, [&] { fp8_moe_experts_sm90(p, workspace.get(), nullptr); });
   report(state, s, 2.0 * tokens * kTopK * 3.0 * kHidden * kInter, kFp8PeakTflops);
@@ -160,6 +164,7 @@ void BM_Sm90MoeFp8(benchmark::State& state) {
 void BM_Sm90Fp8Gemm(benchmark::State& state) {
   if (skip_without_hopper(state)) return;
   const int m = int(state.range(0)), n = int(state.range(1)), k = int(state.range(2));
+  const Sm90GemmVariant variant{0, int(state.range(3)), int(state.range(4))};
   const int64_t ld = fp8_act_scale_ld(m);
   DeviceBuffer x(size_t(m) * k * 2), a(size_t(ld) * k), a_scale(size_t(ld) * (k / 128) * 4);
   DeviceBuffer w(size_t(n) * k), w_scale(size_t((n + 127) / 128) * (k / 128) * 4), out(size_t(m) * n * 2);
@@ -177,17 +182,35 @@ void BM_Sm90Fp8Gemm(benchmark::State& state) {
   p.m = m;
   p.n = n;
   p.k = k;
+  p.variant = variant;
   const double s = median_seconds(state, [&] { fp8_gemm_sm90(p, nullptr); });
   report(state, s, 2.0 * m * n * k, kFp8PeakTflops);
 }
 
-BENCHMARK(BM_Sm90MoeBf16)->Arg(512)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
-BENCHMARK(BM_Sm90MoeFp8)->Arg(512)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
-// V3 shapes {m, n, k}: q_a, q_b, kv_a, o_proj, shared-expert gate_up and down, dense-MLP gate_up and down.
-BENCHMARK(BM_Sm90Fp8Gemm)
-    ->Args({4096, 1536, 7168})->Args({4096, 24576, 1536})->Args({4096, 576, 7168})->Args({4096, 7168, 16384})
-    ->Args({4096, 4096, 7168})->Args({4096, 7168, 2048})->Args({4096, 36864, 7168})->Args({4096, 7168, 18432})
-    ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
+// Variant sweeps (Sm90GemmVariant): bf16 {tokens, block_m, wide stores};
+// fp8 {tokens, overlapped promotion, wide stores}; dense {m, n, k, overlapped, wide}.
+void bf16_args(benchmark::internal::Benchmark* b) {
+  for (int tokens : {512, 4096})
+    for (int block_m : {128, 64})
+      for (int wide : {0, 1}) b->Args({tokens, block_m, wide});
+}
+void fp8_moe_args(benchmark::internal::Benchmark* b) {
+  for (int tokens : {512, 4096})
+    for (int overlap : {0, 1})
+      for (int wide : {0, 1}) b->Args({tokens, overlap, wide});
+}
+// V3 shapes {n, k} at M = 4096: q_a, q_b, kv_a, o_proj, shared-expert gate_up
+// and down, dense-MLP gate_up and down.
+void dense_args(benchmark::internal::Benchmark* b) {
+  const int shapes[][2] = {{1536, 7168}, {24576, 1536}, {576, 7168}, {7168, 16384},
+                           {4096, 7168}, {7168, 2048},  {36864, 7168}, {7168, 18432}};
+  for (const auto& s : shapes)
+    for (int overlap : {0, 1})
+      for (int wide : {0, 1}) b->Args({4096, s[0], s[1], overlap, wide});
+}
+BENCHMARK(BM_Sm90MoeBf16)->Apply(bf16_args)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
+BENCHMARK(BM_Sm90MoeFp8)->Apply(fp8_moe_args)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
+BENCHMARK(BM_Sm90Fp8Gemm)->Apply(dense_args)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
 
 }  // namespace
 }  // namespace mlaserve::cuda

@@ -32,6 +32,24 @@ bool hopper_present() { return gpu_available() && sm90_gemm_supported(); }
 // Stacked bf16 gate_up row of gate (is_up false) or up column i: interleaved by 8.
 int64_t interleaved_row(int64_t i, bool is_up) { return (i / 8) * 16 + (is_up ? 8 : 0) + i % 8; }
 
+// Every kernel variant is checked against the same reference.
+std::vector<Sm90GemmVariant> bf16_variants() {
+  std::vector<Sm90GemmVariant> v;
+  for (int block_m : {128, 64})
+    for (int wide : {0, 1}) v.push_back(Sm90GemmVariant{block_m, -1, wide});
+  return v;
+}
+std::vector<Sm90GemmVariant> fp8_variants() {
+  std::vector<Sm90GemmVariant> v;
+  for (int overlap : {0, 1})
+    for (int wide : {0, 1}) v.push_back(Sm90GemmVariant{0, overlap, wide});
+  return v;
+}
+std::string variant_name(const Sm90GemmVariant& v) {
+  return "block_m " + std::to_string(v.bf16_block_m) + ", overlap " + std::to_string(v.fp8_overlap_promotion) +
+         ", wide " + std::to_string(v.wide_stores);
+}
+
 double silu_mul(double g, double u) { return g / (1.0 + std::exp(-g)) * u; }
 
 // Routing of a random batch: top_k distinct routed experts per token, weights in [0.1, 1].
@@ -85,7 +103,6 @@ TEST_P(Sm90Bf16Moe, MatchesHostExperts) {
 
   auto dx = upload(x), dgu = upload(gate_up), ddn = upload(down), dadd = upload(addend);
   auto dids = upload(route.ids), dw = upload(route.weights);
-  auto dout = poisoned(size_t(s.tokens) * D * 2);
   Sm90MoeParams p;
   p.x = dx.get<__nv_bfloat16>();
   p.w_gate_up = dgu.get();
@@ -99,10 +116,6 @@ TEST_P(Sm90Bf16Moe, MatchesHostExperts) {
   p.num_experts = s.experts;
   p.top_k = s.top_k;
   p.num_shared = s.shared;
-  p.out = dout.get<__nv_bfloat16>();
-  DeviceBuffer workspace(moe_experts_sm90_workspace_bytes(p));
-  moe_experts_sm90(p, workspace.get(), nullptr);
-  const auto out = to_float(download<uint16_t>(dout, size_t(s.tokens) * D));
 
   const auto xf = to_float(x), guf = to_float(gate_up), dnf = to_float(down);
   std::vector<double> ref(size_t(s.tokens) * D);
@@ -125,9 +138,19 @@ TEST_P(Sm90Bf16Moe, MatchesHostExperts) {
       }
     }
   }
-  const double err = rel_l2(out, ref);
-  report_fp8("sm90 bf16 moe", describe(s, with_addend).c_str(), err, kBf16Tol);
-  EXPECT_LT(err, kBf16Tol);
+  for (const Sm90GemmVariant& v : bf16_variants()) {
+    SCOPED_TRACE(variant_name(v));
+    auto dout = poisoned(size_t(s.tokens) * D * 2);
+    p.out = dout.get<__nv_bfloat16>();
+    p.variant = v;
+    DeviceBuffer workspace(moe_experts_sm90_workspace_bytes(p));
+    moe_experts_sm90(p, workspace.get(), nullptr);
+    const auto out = to_float(download<uint16_t>(dout, size_t(s.tokens) * D));
+    const double err = rel_l2(out, ref);
+    report_fp8("sm90 bf16 moe", (describe(s, with_addend) + ", bm " + std::to_string(v.bf16_block_m) + " w" +
+                                 std::to_string(v.wide_stores)).c_str(), err, kBf16Tol);
+    EXPECT_LT(err, kBf16Tol);
+  }
 }
 
 // 5 tokens: one partly filled 128-row block per expert; 300 x 4 slots: experts
@@ -160,7 +183,6 @@ TEST_P(Sm90Fp8Moe, MatchesHostExpertsOnDequantizedWeights) {
 
   auto dx = upload(x), dgu = upload(gu_q), dgus = upload(gu_s), ddn = upload(dn_q), ddns = upload(dn_s);
   auto dids = upload(route.ids), dw = upload(route.weights), dadd = upload(addend);
-  auto dout = poisoned(size_t(s.tokens) * D * 2);
   Sm90MoeParams p;
   p.x = dx.get<__nv_bfloat16>();
   p.w_gate_up = dgu.get();
@@ -176,10 +198,6 @@ TEST_P(Sm90Fp8Moe, MatchesHostExpertsOnDequantizedWeights) {
   p.num_experts = s.experts;
   p.top_k = s.top_k;
   p.num_shared = s.shared;
-  p.out = dout.get<__nv_bfloat16>();
-  DeviceBuffer workspace(fp8_moe_experts_sm90_workspace_bytes(p));
-  fp8_moe_experts_sm90(p, workspace.get(), nullptr);
-  const auto out = to_float(download<uint16_t>(dout, size_t(s.tokens) * D));
 
   // One expert on the host; `scheme`: x and the activation go through the
   // 1x128 quantizer and the stored intermediates through bf16, as on the device.
@@ -208,18 +226,30 @@ TEST_P(Sm90Fp8Moe, MatchesHostExpertsOnDequantizedWeights) {
       for (int d = 0; d < D; ++d) ref_scheme[t * D + d] += wt * ys[d], ref_exact[t * D + d] += wt * ye[d];
     }
   }
-  const std::string detail = describe(s, with_addend);
-  const double err = rel_l2(out, ref_scheme), err_exact = rel_l2(out, ref_exact);
-  report_fp8("sm90 fp8 moe vs scheme", detail.c_str(), err, kFp8SchemeTol);
-  report_fp8("sm90 fp8 moe vs f64", detail.c_str(), err_exact, kFp8ExactTol);
-  EXPECT_LT(err, kFp8SchemeTol);
-  EXPECT_LT(err_exact, kFp8ExactTol);
+  for (const Sm90GemmVariant& v : fp8_variants()) {
+    SCOPED_TRACE(variant_name(v));
+    auto dout = poisoned(size_t(s.tokens) * D * 2);
+    p.out = dout.get<__nv_bfloat16>();
+    p.variant = v;
+    DeviceBuffer workspace(fp8_moe_experts_sm90_workspace_bytes(p));
+    fp8_moe_experts_sm90(p, workspace.get(), nullptr);
+    const auto out = to_float(download<uint16_t>(dout, size_t(s.tokens) * D));
+    const std::string detail = describe(s, with_addend) + ", o" + std::to_string(v.fp8_overlap_promotion) + " w" +
+                               std::to_string(v.wide_stores);
+    const double err = rel_l2(out, ref_scheme), err_exact = rel_l2(out, ref_exact);
+    report_fp8("sm90 fp8 moe vs scheme", detail.c_str(), err, kFp8SchemeTol);
+    report_fp8("sm90 fp8 moe vs f64", detail.c_str(), err_exact, kFp8ExactTol);
+    EXPECT_LT(err, kFp8SchemeTol);
+    EXPECT_LT(err_exact, kFp8ExactTol);
+  }
 }
 
+// 5 tokens: 2 K blocks each (the overlapped variant without its loop);
 // 300 x 3 slots over 16 experts: several 64-row blocks per expert; inter 384:
-// the gate and up halves of a tile fall in different 128-row scale blocks.
+// the gate and up halves of a tile fall in different 128-row scale blocks,
+// and down has 3 K blocks (odd: the overlapped variant falls back to serial).
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Fp8Moe,
-                         ::testing::Values(MoeShape{5, 8, 1, 2, 256, 128}, MoeShape{300, 16, 1, 3, 512, 384}));
+                         ::testing::Values(MoeShape{5, 8, 1, 2, 256, 256}, MoeShape{300, 16, 1, 3, 512, 384}));
 
 struct DenseShape {
   int m, n, k;
@@ -237,31 +267,36 @@ TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
   auto dx = upload(x), dwq = upload(w.q), dws = upload(w.scale);
   DeviceBuffer aq(size_t(ld) * k), as(size_t(ld) * (k / 128) * 4);
   quantize_fp8_act(dx.get<__nv_bfloat16>(), m, k, k, aq.get<uint8_t>(), as.get<float>(), ld, nullptr);
-  auto dout = poisoned(size_t(m) * n * 2);
   Sm90Fp8GemmParams p;
   p.a = aq.get<uint8_t>();
   p.a_scale = as.get<float>();
   p.a_scale_ld = ld;
   p.w = dwq.get<uint8_t>();
   p.w_scale = dws.get<float>();
-  p.out = dout.get<__nv_bfloat16>();
   p.m = m;
   p.n = n;
   p.k = k;
-  fp8_gemm_sm90(p, nullptr);
-  const auto out = to_float(download<uint16_t>(dout, size_t(m) * n));
 
   std::vector<float> xf(size_t(m) * k);
   for (size_t i = 0; i < xf.size(); ++i) xf[i] = bf16_to_f32(x[i]);
   const auto ref_scheme = matmul_nt(fake_quantize_rows(xf, m, k), w.dequant, m, n, k);
   const auto ref_exact = matmul_nt(xf, w.dequant, m, n, k);
-  const std::string detail = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
-  // Same quantized operands: only f32 accumulation order and bf16 output rounding differ.
-  const double err = rel_l2(out, ref_scheme), err_exact = rel_l2(out, ref_exact);
-  report_fp8("sm90 fp8 gemm vs scheme", detail.c_str(), err, kBf16Tol);
-  report_fp8("sm90 fp8 gemm vs f64", detail.c_str(), err_exact, kFp8ExactTol);
-  EXPECT_LT(err, kBf16Tol);
-  EXPECT_LT(err_exact, kFp8ExactTol);
+  for (const Sm90GemmVariant& v : fp8_variants()) {
+    SCOPED_TRACE(variant_name(v));
+    auto dout = poisoned(size_t(m) * n * 2);
+    p.out = dout.get<__nv_bfloat16>();
+    p.variant = v;
+    fp8_gemm_sm90(p, nullptr);
+    const auto out = to_float(download<uint16_t>(dout, size_t(m) * n));
+    const std::string detail = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + ", o" +
+                               std::to_string(v.fp8_overlap_promotion) + " w" + std::to_string(v.wide_stores);
+    // Same quantized operands: only f32 accumulation order and bf16 output rounding differ.
+    const double err = rel_l2(out, ref_scheme), err_exact = rel_l2(out, ref_exact);
+    report_fp8("sm90 fp8 gemm vs scheme", detail.c_str(), err, kBf16Tol);
+    report_fp8("sm90 fp8 gemm vs f64", detail.c_str(), err_exact, kFp8ExactTol);
+    EXPECT_LT(err, kBf16Tol);
+    EXPECT_LT(err_exact, kFp8ExactTol);
+  }
 }
 
 // Ragged M and N (partial row block, N not a multiple of the 256-wide tile

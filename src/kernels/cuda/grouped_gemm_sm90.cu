@@ -26,23 +26,36 @@ using sm90::wgmma_desc;
 // K), the width of the 128-byte swizzle; weight tiles load as 64-row pieces.
 constexpr int kRowBytes = 128, kPieceRows = 64, kThreads = 384;
 
-// bf16: 128 x 256 tiles; the consumer warpgroups split the rows (64 x 256
+// bf16, 128 x 256 tiles; the consumer warpgroups split the rows (64 x 256
 // each, one m64n256k16 per 16 of K). 4 stages of 48 KB.
-struct Bf16Tiles {
-  static constexpr bool kFp8 = false;
+template <bool kWide>
+struct Bf16Rows128 {
+  static constexpr bool kFp8 = false, kSplitM = true, kWideStores = kWide;
   static constexpr int kBlockM = 128, kBlockN = 256, kBlockK = 64, kStages = 4;
-  static constexpr bool kSplitM = true;
 };
 
-// fp8: 64 x 256 tiles; the consumer warpgroups split the columns (64 x 128
-// each), since the per-block promotion holds two accumulator sets (partial
-// and total). 64-row blocks also halve the padding of experts' row runs.
-// 5 stages of 40.25 KB.
-struct Fp8Tiles {
-  static constexpr bool kFp8 = true;
-  static constexpr int kBlockM = 64, kBlockN = 256, kBlockK = 128, kStages = 5;
-  static constexpr bool kSplitM = false;
+// bf16, 64 x 256 tiles; the consumer warpgroups split the columns (64 x 128
+// each, m64n128k16): half the padding of experts' row runs. 5 stages of 40 KB.
+template <bool kWide>
+struct Bf16Rows64 {
+  static constexpr bool kFp8 = false, kSplitM = false, kWideStores = kWide;
+  static constexpr int kBlockM = 64, kBlockN = 256, kBlockK = 64, kStages = 5;
 };
+
+// fp8, 64 x 256 tiles; the consumer warpgroups split the columns (64 x 128
+// each), since the per-block promotion holds two or three accumulator sets
+// (partials and totals). 64-row blocks also halve the padding of experts'
+// row runs. 5 stages of 40.25 KB. kOverlapPromotion: two partial sets, so
+// block k is scaled and added while block k + 1 is on the tensor cores.
+// kWideStores (all tiles): the epilogue stores 16 bytes a lane after quad
+// transposes instead of 4 bytes a lane.
+template <bool kOverlap, bool kWide>
+struct Fp8Tiles {
+  static constexpr bool kFp8 = true, kSplitM = false, kOverlapPromotion = kOverlap, kWideStores = kWide;
+  static constexpr int kBlockM = 64, kBlockN = 256, kBlockK = 128, kStages = 5;
+};
+
+static_assert(Fp8Tiles<false, false>::kBlockM == kSm90Fp8BlockM, "the MoE align step pads to the fp8 row tile");
 
 template <class T>
 struct Layout {
@@ -99,6 +112,27 @@ __device__ __forceinline__ int piece_row(const GemmArgs& args, int nb, int q) {
     return nb * (T::kBlockN / 2) + (q / 2) * kPieceRows + (q % 2) * args.up_offset;
   else
     return nb * T::kBlockN + q * kPieceRows;
+}
+
+// Quad (4 lanes) transpose of 32-bit words: lane q holds w_i = its two
+// columns (2q, 2q + 1) of 8-column group i; returns, for lane q, group q's
+// 8 columns (the words of lanes 0..3). Round r: lane q reads lane
+// (q + r) % 4's word for group q. All 32 lanes must call it.
+__device__ __forceinline__ uint4 quad_transpose(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3, int lane) {
+  const int q = lane & 3;
+  uint32_t got[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int give = (q - r) & 3;  // the group of the lane that reads this one in round r
+    const uint32_t send = give == 0 ? w0 : give == 1 ? w1 : give == 2 ? w2 : w3;
+    got[r] = __shfl_sync(0xffffffffu, send, (lane & ~3) | ((q + r) & 3));
+  }
+  // Word p (columns 2p, 2p + 1) came from lane p, in round (p - q) % 4.
+  auto word = [&](int p) {
+    const int r = (p - q) & 3;
+    return r == 0 ? got[0] : r == 1 ? got[1] : r == 2 ? got[2] : got[3];
+  };
+  return make_uint4(word(0), word(1), word(2), word(3));
 }
 
 template <class T, Epilogue kEpi>
@@ -186,7 +220,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint64_t da = wgmma_desc(a_base + stage * L::kABytes);
         const uint64_t dw = wgmma_desc(w_base + stage * L::kWBytes);
 #pragma unroll
-        for (int kk = 0; kk < T::kBlockK / 16; ++kk) sm90::wgmma_m64n256k16_bf16(acc, da + 2 * kk, dw + 2 * kk, 1);
+        for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
+          if constexpr (L::kWarpN == 256)
+            sm90::wgmma_m64n256k16_bf16(acc, da + 2 * kk, dw + 2 * kk, 1);
+          else
+            sm90::wgmma_m64n128k16_bf16(acc, da + 2 * kk, dw + 2 * kk, 1);
+        }
         sm90::wgmma_commit();
         sm90::wgmma_wait<1>();
         if (kb > 0) mbar_arrive(&empty[prev_stage]);
@@ -211,72 +250,121 @@ __global__ void __launch_bounds__(kThreads, 1)
         w_scale_piece[h] = args.w_scale + (int64_t(group) * args.w_scale_rows + row_block) * scale_ld;
       }
       const int r0 = warp * 16 + lane / 4;
-      float partial[L::kAccum];
-      for (int kb = 0; kb < k_blocks; ++kb) {
-        const float sw0 = __ldg(w_scale_piece[0] + kb), sw1 = __ldg(w_scale_piece[1] + kb);
-        mbar_wait(&full[stage], phase);
+      auto issue = [&](float (&part)[L::kAccum], int st) {
         sm90::wgmma_fence();
-        const uint64_t da = wgmma_desc(a_base + stage * L::kABytes);
-        const uint64_t dw = wgmma_desc(w_base + stage * L::kWBytes);
+        const uint64_t da = wgmma_desc(a_base + st * L::kABytes);
+        const uint64_t dw = wgmma_desc(w_base + st * L::kWBytes);
 #pragma unroll
         for (int kk = 0; kk < T::kBlockK / 32; ++kk)
-          sm90::wgmma_m64n128k32_e4m3(partial, da + 2 * kk, dw + 2 * kk, kk > 0 ? 1 : 0);
+          sm90::wgmma_m64n128k32_e4m3(part, da + 2 * kk, dw + 2 * kk, kk > 0 ? 1 : 0);
         sm90::wgmma_commit();
-        sm90::wgmma_wait<0>();
-        fence_registers(partial);
-        const float* sa = scale_smem + stage * T::kBlockM;
+      };
+      // After the products of `part` are done: read the stage's activation
+      // scales, release the stage, add the scaled partial.
+      auto promote = [&](float (&part)[L::kAccum], int st, const float (&sw)[2]) {
+        fence_registers(part);
+        const float* sa = scale_smem + st * T::kBlockM;
         const float sa0 = sa[r0], sa1 = sa[r0 + 8];
-        mbar_arrive(&empty[stage]);
+        mbar_arrive(&empty[st]);
 #pragma unroll
         for (int j = 0; j < L::kAccum / 4; ++j) {
-          const float sw = j < L::kAccum / 8 ? sw0 : sw1;
-          const float s0 = sa0 * sw, s1 = sa1 * sw;
-          acc[4 * j + 0] += partial[4 * j + 0] * s0;
-          acc[4 * j + 1] += partial[4 * j + 1] * s0;
-          acc[4 * j + 2] += partial[4 * j + 2] * s1;
-          acc[4 * j + 3] += partial[4 * j + 3] * s1;
+          const float w = j < L::kAccum / 8 ? sw[0] : sw[1];
+          const float s0 = sa0 * w, s1 = sa1 * w;
+          acc[4 * j + 0] += part[4 * j + 0] * s0;
+          acc[4 * j + 1] += part[4 * j + 1] * s0;
+          acc[4 * j + 2] += part[4 * j + 2] * s1;
+          acc[4 * j + 3] += part[4 * j + 3] * s1;
         }
+      };
+      // Waits for the next stage and starts its products into `part`; the
+      // weight scales of its K block are loaded first (used after the products).
+      auto start_block = [&](float (&part)[L::kAccum], int kb, float (&sw)[2]) {
+        sw[0] = __ldg(w_scale_piece[0] + kb);
+        sw[1] = __ldg(w_scale_piece[1] + kb);
+        mbar_wait(&full[stage], phase);
+        const int st = stage;
+        issue(part, st);
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1;
+        }
+        return st;
+      };
+      if constexpr (T::kOverlapPromotion) {
+        // K blocks in pairs (k_blocks even, >= 2; the host picks the serial
+        // variant otherwise). Each promotion runs while the other partial
+        // set is on the tensor cores, and no products are in flight across
+        // the loop's back edge (ptxas serializes every wgmma otherwise).
+        float part_a[L::kAccum], part_b[L::kAccum], sw_a[2], sw_b[2];
+        int st_a = start_block(part_a, 0, sw_a);
+        int st_b = start_block(part_b, 1, sw_b);
+        sm90::wgmma_wait<1>();
+        promote(part_a, st_a, sw_a);
+        sm90::wgmma_wait<0>();
+        for (int kb = 2; kb < k_blocks; kb += 2) {
+          st_a = start_block(part_a, kb, sw_a);
+          promote(part_b, st_b, sw_b);  // block kb - 1, done before the back edge
+          st_b = start_block(part_b, kb + 1, sw_b);
+          sm90::wgmma_wait<1>();
+          promote(part_a, st_a, sw_a);
+          sm90::wgmma_wait<0>();
+        }
+        promote(part_b, st_b, sw_b);
+      } else {
+        float part[L::kAccum], sw[2];
+        for (int kb = 0; kb < k_blocks; ++kb) {
+          const int st = start_block(part, kb, sw);
+          sm90::wgmma_wait<0>();
+          promote(part, st, sw);
         }
       }
     }
 
     // Epilogue straight from the accumulators: thread holds rows r, r + 8
-    // and column pairs 8j + 2(lane % 4) of each 8-column group j.
+    // and column pairs 8j + 2(lane % 4) of each 8-column group j; each
+    // output group of 8 columns gets one bf16x2 word per lane of the quad.
+    constexpr int kGroups = kEpi == Epilogue::kStore ? L::kAccum / 4 : L::kAccum / 8;
     const int row = mb * T::kBlockM + (T::kSplitM ? wg * 64 : 0) + warp * 16 + lane / 4;
     const int col0 = nb * T::kBlockN + (T::kSplitM ? 0 : wg * L::kWarpN);  // first accumulator column
-    const int pair = (lane % 4) * 2;
+    const int out_col0 = kEpi == Epilogue::kStore ? col0 : col0 / 2;
+    const int quad = lane % 4;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = row + 8 * h;
-      if (r >= args.m) continue;
-      __nv_bfloat16* out_row = args.out + int64_t(r) * args.out_ld;
-      if constexpr (kEpi == Epilogue::kStore) {
+      uint32_t word[kGroups];
 #pragma unroll
-        for (int j = 0; j < L::kAccum / 4; ++j) {
-          const int c = col0 + j * 8 + pair;
-          if (c < args.n_out)
-            *reinterpret_cast<__nv_bfloat162*>(out_row + c) =
-                __floats2bfloat162_rn(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-        }
-      } else {
-        // Gate and up of the same output columns are both in this thread:
-        // groups 2i / 2i+1 (interleaved by 8) or j / j + half (halves).
-#pragma unroll
-        for (int i = 0; i < L::kAccum / 8; ++i) {
+      for (int i = 0; i < kGroups; ++i) {
+        float v[2];
+        if constexpr (kEpi == Epilogue::kStore) {
+          v[0] = acc[4 * i + 2 * h];
+          v[1] = acc[4 * i + 2 * h + 1];
+        } else {
+          // Gate and up of the same output columns are both in this thread:
+          // groups 2i / 2i+1 (interleaved by 8) or i / i + half (halves).
           const int gj = kEpi == Epilogue::kSiluInterleaved8 ? 2 * i : i;
           const int uj = kEpi == Epilogue::kSiluInterleaved8 ? 2 * i + 1 : i + L::kAccum / 8;
-          float v[2];
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const float g = acc[4 * gj + 2 * h + e], u = acc[4 * uj + 2 * h + e];
             v[e] = g / (1.0f + __expf(-g)) * u;
           }
-          const int c = col0 / 2 + i * 8 + pair;
-          *reinterpret_cast<__nv_bfloat162*>(out_row + c) = __floats2bfloat162_rn(v[0], v[1]);
         }
+        const __nv_bfloat162 packed = __floats2bfloat162_rn(v[0], v[1]);
+        word[i] = *reinterpret_cast<const uint32_t*>(&packed);
+      }
+      const int r = row + 8 * h;
+      __nv_bfloat16* out_row = args.out + int64_t(r) * args.out_ld + out_col0;
+      const int n_left = args.n_out - out_col0;  // output columns of this tile that exist
+      if constexpr (T::kWideStores) {
+        // Quad transposes of 4 groups: lane q stores group 4g + q whole (16 bytes).
+#pragma unroll
+        for (int g = 0; g < kGroups; g += 4) {
+          const uint4 chunk = quad_transpose(word[g], word[g + 1], word[g + 2], word[g + 3], lane);
+          if (r < args.m && (g + quad) * 8 < n_left) *reinterpret_cast<uint4*>(out_row + (g + quad) * 8) = chunk;
+        }
+      } else if (r < args.m) {
+#pragma unroll
+        for (int i = 0; i < kGroups; ++i)
+          if (i * 8 < n_left) *reinterpret_cast<uint32_t*>(out_row + i * 8 + 2 * quad) = word[i];
       }
     }
   }
@@ -581,26 +669,18 @@ void check_moe_shape(const Sm90MoeParams& p, const char* op) {
   MLA_CUDA_REQUIRE(sm90_gemm_supported(), std::string(op) + ": needs a compute capability 9.0 (Hopper) GPU");
 }
 
-}  // namespace
-
-bool sm90_gemm_supported() {
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) return false;
-  return major == 9 && minor == 0;
+// The measured best variants (bench_grouped_gemm on an H200).
+int bf16_block_m(const Sm90GemmVariant& v) { return v.bf16_block_m ? v.bf16_block_m : 128; }
+bool wide_stores(const Sm90GemmVariant& v) { return v.wide_stores != 0; }
+// The overlapped promotion runs K blocks in pairs.
+bool fp8_overlapped(const Sm90GemmVariant& v, int k) {
+  const int k_blocks = k / kFp8Group;
+  return v.fp8_overlap_promotion != 0 && k_blocks >= 2 && k_blocks % 2 == 0;
 }
 
-size_t moe_experts_sm90_workspace_bytes(const Sm90MoeParams& p) {
-  size_t bytes = 0;
-  carve_bf16(nullptr, moe_rows(p, kSm90Bf16BlockM), p.hidden, p.inter, &bytes);
-  return bytes;
-}
-
-void moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
-  check_moe_shape(p, "moe_experts_sm90");
-  if (p.num_tokens == 0) return;
-  const MoeRows r = moe_rows(p, kSm90Bf16BlockM);
+template <class T>
+void run_bf16_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
+  const MoeRows r = moe_rows(p, T::kBlockM);
   const Bf16MoeWorkspace w = carve_bf16(workspace, r, p.hidden, p.inter, nullptr);
   align(r, w.rows, stream, "sm90 moe align");
   gather_rows_kernel<<<r.max_rows / 8, 256, 0, stream>>>(p.x, w.rows.sorted_ids, r.slots.per_token(), r.slot_count,
@@ -619,8 +699,8 @@ void moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t stre
   g.w_rows = 2 * p.inter;
   g.out = w.act;
   g.out_ld = p.inter;
-  launch_gemm<Bf16Tiles, Epilogue::kSiluInterleaved8>(
-      bf16_tile_map(w.x_sorted, r.max_rows, p.hidden, Bf16Tiles::kBlockM, "gathered x"),
+  launch_gemm<T, Epilogue::kSiluInterleaved8>(
+      bf16_tile_map(w.x_sorted, r.max_rows, p.hidden, T::kBlockM, "gathered x"),
       bf16_tile_map(w_gate_up, int64_t(r.total_experts) * 2 * p.inter, p.hidden, kPieceRows, "gate_up weights"),
       unused, g, r.max_blocks, stream, "sm90 moe gate_up");
 
@@ -629,8 +709,8 @@ void moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t stre
   g.w_rows = p.hidden;
   g.out = w.down;
   g.out_ld = p.hidden;
-  launch_gemm<Bf16Tiles, Epilogue::kStore>(
-      bf16_tile_map(w.act, r.max_rows, p.inter, Bf16Tiles::kBlockM, "activations"),
+  launch_gemm<T, Epilogue::kStore>(
+      bf16_tile_map(w.act, r.max_rows, p.inter, T::kBlockM, "activations"),
       bf16_tile_map(w_down, int64_t(r.total_experts) * p.hidden, p.inter, kPieceRows, "down weights"), unused, g,
       r.max_blocks, stream, "sm90 moe down");
 
@@ -638,16 +718,23 @@ void moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t stre
   check_launch("sm90 moe combine");
 }
 
-size_t fp8_moe_experts_sm90_workspace_bytes(const Sm90MoeParams& p) {
-  size_t bytes = 0;
-  carve_fp8(nullptr, moe_rows(p, kSm90Fp8BlockM), p.hidden, p.inter, &bytes);
-  return bytes;
+// The fp8 kernel variant for a GEMM with this K.
+template <Epilogue kEpi>
+void launch_fp8_gemm(const Sm90GemmVariant& v, const CUtensorMap& map_a, const CUtensorMap& map_w,
+                     const CUtensorMap& map_a_scale, const GemmArgs& args, int max_m_blocks, cudaStream_t stream,
+                     const char* op) {
+  const bool overlap = fp8_overlapped(v, args.k), wide = wide_stores(v);
+  if (overlap && wide)
+    launch_gemm<Fp8Tiles<true, true>, kEpi>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
+  else if (overlap)
+    launch_gemm<Fp8Tiles<true, false>, kEpi>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
+  else if (wide)
+    launch_gemm<Fp8Tiles<false, true>, kEpi>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
+  else
+    launch_gemm<Fp8Tiles<false, false>, kEpi>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
 }
 
-void fp8_moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
-  check_moe_shape(p, "fp8_moe_experts_sm90");
-  MLA_CUDA_REQUIRE(p.w_gate_up_scale && p.w_down_scale, "fp8_moe_experts_sm90: weight scales missing");
-  if (p.num_tokens == 0) return;
+void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
   const MoeRows r = moe_rows(p, kSm90Fp8BlockM);
   const Fp8MoeWorkspace w = carve_fp8(workspace, r, p.hidden, p.inter, nullptr);
   align(r, w.rows, stream, "sm90 fp8 moe align");
@@ -670,10 +757,10 @@ void fp8_moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t 
   g.w_scale_rows = 2 * p.inter / kFp8Group;
   g.out = w.act;
   g.out_ld = p.inter;
-  launch_gemm<Fp8Tiles, Epilogue::kSiluHalves>(
-      fp8_tile_map(w.x_q, r.max_rows, p.hidden, Fp8Tiles::kBlockM, "quantized x"),
+  launch_fp8_gemm<Epilogue::kSiluHalves>(
+      p.variant, fp8_tile_map(w.x_q, r.max_rows, p.hidden, kSm90Fp8BlockM, "quantized x"),
       fp8_tile_map(w_gate_up, int64_t(r.total_experts) * 2 * p.inter, p.hidden, kPieceRows, "gate_up weights"),
-      scale_map(w.x_scale, r.max_rows, p.hidden / kFp8Group, Fp8Tiles::kBlockM), g, r.max_blocks, stream,
+      scale_map(w.x_scale, r.max_rows, p.hidden / kFp8Group, kSm90Fp8BlockM), g, r.max_blocks, stream,
       "sm90 fp8 moe gate_up");
 
   gather_quantize_kernel<<<r.max_rows / 8, 256, 0, stream>>>(w.act, nullptr, 1, -1, w.rows.rows_in_use, p.inter,
@@ -688,23 +775,17 @@ void fp8_moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t 
   g.w_scale_rows = p.hidden / kFp8Group;
   g.out = w.down;
   g.out_ld = p.hidden;
-  launch_gemm<Fp8Tiles, Epilogue::kStore>(
-      fp8_tile_map(w.act_q, r.max_rows, p.inter, Fp8Tiles::kBlockM, "quantized activations"),
+  launch_fp8_gemm<Epilogue::kStore>(
+      p.variant, fp8_tile_map(w.act_q, r.max_rows, p.inter, kSm90Fp8BlockM, "quantized activations"),
       fp8_tile_map(w_down, int64_t(r.total_experts) * p.hidden, p.inter, kPieceRows, "down weights"),
-      scale_map(w.act_scale, r.max_rows, p.inter / kFp8Group, Fp8Tiles::kBlockM), g, r.max_blocks, stream,
+      scale_map(w.act_scale, r.max_rows, p.inter / kFp8Group, kSm90Fp8BlockM), g, r.max_blocks, stream,
       "sm90 fp8 moe down");
 
   combine_kernel<<<p.num_tokens, 128, 0, stream>>>(w.down, w.rows.position, r.slots, p.addend, p.hidden, p.out);
   check_launch("sm90 fp8 moe combine");
 }
 
-void fp8_gemm_sm90(const Sm90Fp8GemmParams& p, cudaStream_t stream) {
-  MLA_CUDA_REQUIRE(p.m >= 0 && p.n > 0 && p.n % 8 == 0 && p.k > 0 && p.k % kFp8Group == 0 && p.a_scale_ld % 4 == 0 &&
-                       p.a_scale_ld >= p.m,
-                   "fp8_gemm_sm90: needs n % 8 == 0, k % 128 == 0 and a_scale_ld >= m a multiple of 4 (m " +
-                       std::to_string(p.m) + ", n " + std::to_string(p.n) + ", k " + std::to_string(p.k) + ")");
-  MLA_CUDA_REQUIRE(sm90_gemm_supported(), "fp8_gemm_sm90: needs a compute capability 9.0 (Hopper) GPU");
-  if (p.m == 0) return;
+void run_fp8_gemm(const Sm90Fp8GemmParams& p, cudaStream_t stream) {
   GemmArgs g;
   g.m = p.m;
   g.k = p.k;
@@ -714,11 +795,63 @@ void fp8_gemm_sm90(const Sm90Fp8GemmParams& p, cudaStream_t stream) {
   g.w_scale_rows = (p.n + kFp8Group - 1) / kFp8Group;
   g.out = p.out;
   g.out_ld = p.n;
-  launch_gemm<Fp8Tiles, Epilogue::kStore>(fp8_tile_map(p.a, p.m, p.k, Fp8Tiles::kBlockM, "a"),
-                                          fp8_tile_map(p.w, p.n, p.k, kPieceRows, "w"),
-                                          scale_map(p.a_scale, p.a_scale_ld, p.k / kFp8Group, Fp8Tiles::kBlockM), g,
-                                          (p.m + Fp8Tiles::kBlockM - 1) / Fp8Tiles::kBlockM, stream,
-                                          "sm90 fp8 gemm");
+  launch_fp8_gemm<Epilogue::kStore>(p.variant, fp8_tile_map(p.a, p.m, p.k, kSm90Fp8BlockM, "a"),
+                                    fp8_tile_map(p.w, p.n, p.k, kPieceRows, "w"),
+                                    scale_map(p.a_scale, p.a_scale_ld, p.k / kFp8Group, kSm90Fp8BlockM), g,
+                                    (p.m + kSm90Fp8BlockM - 1) / kSm90Fp8BlockM, stream, "sm90 fp8 gemm");
+}
+
+}  // namespace
+
+bool sm90_gemm_supported() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) return false;
+  return major == 9 && minor == 0;
+}
+
+size_t moe_experts_sm90_workspace_bytes(const Sm90MoeParams& p) {
+  size_t bytes = 0;
+  carve_bf16(nullptr, moe_rows(p, bf16_block_m(p.variant)), p.hidden, p.inter, &bytes);
+  return bytes;
+}
+
+void moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
+  check_moe_shape(p, "moe_experts_sm90");
+  const int block_m = bf16_block_m(p.variant);
+  MLA_CUDA_REQUIRE(block_m == 128 || block_m == 64,
+                   "moe_experts_sm90: bf16_block_m must be 128 or 64, not " + std::to_string(block_m));
+  if (p.num_tokens == 0) return;
+  const bool wide = wide_stores(p.variant);
+  if (block_m == 128)
+    wide ? run_bf16_moe<Bf16Rows128<true>>(p, workspace, stream) : run_bf16_moe<Bf16Rows128<false>>(p, workspace, stream);
+  else
+    wide ? run_bf16_moe<Bf16Rows64<true>>(p, workspace, stream) : run_bf16_moe<Bf16Rows64<false>>(p, workspace, stream);
+}
+
+size_t fp8_moe_experts_sm90_workspace_bytes(const Sm90MoeParams& p) {
+  size_t bytes = 0;
+  carve_fp8(nullptr, moe_rows(p, kSm90Fp8BlockM), p.hidden, p.inter, &bytes);
+  return bytes;
+}
+
+void fp8_moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
+  check_moe_shape(p, "fp8_moe_experts_sm90");
+  MLA_CUDA_REQUIRE(p.w_gate_up_scale && p.w_down_scale, "fp8_moe_experts_sm90: weight scales missing");
+  if (p.num_tokens == 0) return;
+  // One variant for both projections (K = hidden, then inter).
+  run_fp8_moe(p, workspace, stream);
+}
+
+void fp8_gemm_sm90(const Sm90Fp8GemmParams& p, cudaStream_t stream) {
+  MLA_CUDA_REQUIRE(p.m >= 0 && p.n > 0 && p.n % 8 == 0 && p.k > 0 && p.k % kFp8Group == 0 && p.a_scale_ld % 4 == 0 &&
+                       p.a_scale_ld >= p.m,
+                   "fp8_gemm_sm90: needs n % 8 == 0, k % 128 == 0 and a_scale_ld >= m a multiple of 4 (m " +
+                       std::to_string(p.m) + ", n " + std::to_string(p.n) + ", k " + std::to_string(p.k) + ")");
+  MLA_CUDA_REQUIRE(sm90_gemm_supported(), "fp8_gemm_sm90: needs a compute capability 9.0 (Hopper) GPU");
+  if (p.m == 0) return;
+  run_fp8_gemm(p, stream);
 }
 
 }  // namespace mlaserve::cuda

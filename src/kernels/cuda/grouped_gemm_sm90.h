@@ -4,7 +4,8 @@
 // shared-memory ring (mbarrier full/empty pairs), one producer warpgroup and
 // two consumer warpgroups, persistent over the output tiles.
 //
-//   bf16: 128 x 256 tiles (each consumer warpgroup 64 x 256), K blocks of 64.
+//   bf16: 128 x 256 tiles (each consumer warpgroup 64 x 256) or 64 x 256
+//         (each 64 x 128), K blocks of 64.
 //   fp8:  64 x 256 tiles (each consumer warpgroup 64 x 128), K blocks of 128;
 //         e4m3 x e4m3 wgmma accumulates one 128-wide K block, then the f32
 //         totals add it times (activation scale of the row) x (weight scale
@@ -29,9 +30,16 @@ namespace mlaserve::cuda {
 // True when the current device is a Hopper GPU (compute capability 9.0).
 bool sm90_gemm_supported();
 
-// Row tile of each path; the MoE align step pads each expert's run to it.
-constexpr int kSm90Bf16BlockM = 128;
+// Row tile of the fp8 path; the MoE align step pads each expert's run to it.
 constexpr int kSm90Fp8BlockM = 64;
+
+// Kernel variants (the benchmark and the tests sweep them); zero / negative
+// values pick the measured best.
+struct Sm90GemmVariant {
+  int bf16_block_m = 0;  // 128: 128 x 256 tiles; 64: 64 x 256 tiles (less padding per expert)
+  int fp8_overlap_promotion = -1;  // 1: block k is scaled and added while block k + 1 multiplies; 0: in turn
+  int wide_stores = -1;            // 1: epilogue stores 16 bytes a lane (quad transposes); 0: 4 bytes a lane
+};
 
 // MoE experts of one layer. Slots: each token has top_k + num_shared slots;
 // slot j < top_k is routed expert topk_ids[t, j] with weight topk_weights[t, j],
@@ -55,9 +63,10 @@ struct Sm90MoeParams {
   const __nv_bfloat16* addend = nullptr;   // {T, D} or null
   int num_tokens = 0, hidden = 0, inter = 0, num_experts = 0, top_k = 0, num_shared = 0;
   __nv_bfloat16* out = nullptr;  // {T, D}
+  Sm90GemmVariant variant;
 };
 
-// bf16 weights, 128 x 256 tiles.
+// bf16 weights, 128 x 256 or 64 x 256 tiles.
 size_t moe_experts_sm90_workspace_bytes(const Sm90MoeParams& p);
 void moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t stream);
 
@@ -78,6 +87,7 @@ struct Sm90Fp8GemmParams {
   const float* w_scale = nullptr;
   __nv_bfloat16* out = nullptr;
   int m = 0, n = 0, k = 0;
+  Sm90GemmVariant variant;
 };
 void fp8_gemm_sm90(const Sm90Fp8GemmParams& p, cudaStream_t stream);
 
