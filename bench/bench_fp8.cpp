@@ -161,9 +161,12 @@ void dense_args(benchmark::internal::Benchmark* b) {
 
 // ---- fused MoE ---------------------------------------------------------------
 
+// V3's MoE with its shared expert folded in (stacked after the routed ones).
+// Args: tokens, shared experts (0 or 1).
 void BM_Fp8Moe(benchmark::State& state) {
-  const int tokens = int(state.range(0));
-  DeviceFp8Weight gate_up(kExperts, 2 * kMoeInter, kHidden, 11), down(kExperts, kHidden, kMoeInter, 13);
+  const int tokens = int(state.range(0)), shared = int(state.range(1));
+  DeviceFp8Weight gate_up(kExperts + shared, 2 * kMoeInter, kHidden, 11),
+      down(kExperts + shared, kHidden, kMoeInter, 13);
   DeviceBuffer x(size_t(tokens) * kHidden * 2), out(size_t(tokens) * kHidden * 2);
   fill_random_bf16(x.get<__nv_bfloat16>(), size_t(tokens) * kHidden, 15, nullptr);
   std::mt19937 rng(17);
@@ -179,7 +182,6 @@ void BM_Fp8Moe(benchmark::State& state) {
   DeviceBuffer dids(ids.size() * 4), dw(weights.size() * 4);
   MLA_CUDA_CHECK(cudaMemcpy(dids.get(), ids.data(), dids.bytes(), cudaMemcpyHostToDevice), "bench");
   MLA_CUDA_CHECK(cudaMemcpy(dw.get(), weights.data(), dw.bytes(), cudaMemcpyHostToDevice), "bench");
-  DeviceBuffer workspace(fp8_moe_workspace_bytes(tokens, kTopK, kExperts, kHidden, kMoeInter));
   Fp8MoeParams p;
   p.x = x.get<__nv_bfloat16>();
   p.w_gate_up = gate_up.q.get<uint8_t>();
@@ -193,13 +195,16 @@ void BM_Fp8Moe(benchmark::State& state) {
   p.inter = kMoeInter;
   p.num_experts = kExperts;
   p.top_k = kTopK;
+  p.num_shared = shared;
   p.out = out.get<__nv_bfloat16>();
+  DeviceBuffer workspace(fp8_moe_workspace_bytes(p));
   const double s = run_timed(state, [&] { fp8_moe_experts(p, workspace.get(), nullptr); });
-  const double expert_bytes = 3.0 * kHidden * kMoeInter, weight_bytes = expert_bytes * double(touched.size());
-  state.counters["experts_touched"] = double(touched.size());
-  state.counters["block_m"] = fp8_moe_block_m(tokens, kTopK, kExperts);
+  const double expert_bytes = 3.0 * kHidden * kMoeInter,
+               weight_bytes = expert_bytes * double(touched.size() + size_t(shared));
+  state.counters["experts_touched"] = double(touched.size() + size_t(shared));
+  state.counters["block_m"] = fp8_moe_block_m(tokens, kTopK + shared, kExperts + shared);
   report(state, s, weight_bytes + 4.0 * tokens * kHidden, weight_bytes,
-         2.0 * tokens * kTopK * 3.0 * kHidden * kMoeInter);
+         2.0 * tokens * (kTopK + shared) * 3.0 * kHidden * kMoeInter);
 }
 
 // ---- MLA absorbed BMMs -----------------------------------------------------------
@@ -299,7 +304,7 @@ BENCHMARK(BM_Fp8LinearOwnKernel)
 BENCHMARK(BM_Fp8LinearCublasLt)
     ->Args({4, 7168, 16384})->Args({8, 7168, 16384})->Args({8, 4096, 7168})->Args({16, 7168, 16384})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
-BENCHMARK(BM_Fp8Moe)->Arg(1)->Arg(64)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
+BENCHMARK(BM_Fp8Moe)->ArgsProduct({{1, 64, 4096}, {0, 1}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
 BENCHMARK(BM_Fp8QAbsorb)->Arg(1)->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
 BENCHMARK(BM_Fp8VUp)->Arg(1)->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
 BENCHMARK(BM_Fp8RmsNormQuantize)->Arg(1)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);

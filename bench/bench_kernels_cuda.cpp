@@ -199,15 +199,19 @@ void BM_MlaPrefill(benchmark::State& state) {
 
 struct MoeInputs {
   int T;
-  DeviceBuffer x, w_gate_up, w_down, ids, weights, out, work;
+  DeviceBuffer x, w_gate_up, w_down, ids, weights, out;
   std::vector<int32_t> host_ids;
-  int distinct_experts = 0;
+  int distinct_experts = 0;  // routed ones touched
 };
 
+// v2-lite's MoE: 64 routed experts and the 2 shared ones stacked after them.
+constexpr int kShared = 2;
+
 MoeInputs make_moe(int T) {
-  MoeInputs m{T, random_bf16(size_t(T) * kHidden, 8), random_bf16(size_t(kExperts) * 2 * kInter * kHidden, 9),
-              random_bf16(size_t(kExperts) * kHidden * kInter, 10), {}, {}, DeviceBuffer(size_t(T) * kHidden * 2),
-              DeviceBuffer(moe_workspace_bytes(T, kTopK, kExperts, kHidden, kInter))};
+  MoeInputs m{T, random_bf16(size_t(T) * kHidden, 8),
+              random_bf16(size_t(kExperts + kShared) * 2 * kInter * kHidden, 9),
+              random_bf16(size_t(kExperts + kShared) * kHidden * kInter, 10), {}, {},
+              DeviceBuffer(size_t(T) * kHidden * 2)};
   std::mt19937 rng(T);
   std::vector<float> w(size_t(T) * kTopK);
   m.host_ids.resize(size_t(T) * kTopK);
@@ -228,14 +232,18 @@ MoeInputs make_moe(int T) {
   return m;
 }
 
-void moe_counters(benchmark::State& state, double seconds, const MoeInputs& m) {
-  const double weight_bytes = double(m.distinct_experts) * 3 * kHidden * kInter * 2;
+// Bytes: the touched experts' weights (routed + `shared`), x in, out.
+void moe_counters(benchmark::State& state, double seconds, const MoeInputs& m, int shared) {
+  const double weight_bytes = double(m.distinct_experts + shared) * 3 * kHidden * kInter * 2;
   const double act_bytes = double(m.T) * kHidden * 2 * 2;
-  const double flops = 2.0 * m.T * kTopK * 3 * double(kHidden) * kInter;
+  const double flops = 2.0 * m.T * (kTopK + shared) * 3 * double(kHidden) * kInter;
   report(state, seconds, weight_bytes + act_bytes, flops);
-  state.counters["experts"] = m.distinct_experts;
+  state.counters["experts"] = m.distinct_experts + shared;
 }
 
+// The fused op with the shared experts folded in. Args: tokens, path (0 auto,
+// 1 grouped, 2 small), then the small path's tuning: gate_up columns per
+// warp, down rows per warp, down rows per block (one run ranks the variants).
 void BM_MoeFused(benchmark::State& state) {
   MoeInputs m = make_moe(int(state.range(0)));
   MoeExpertsParams p;
@@ -249,9 +257,16 @@ void BM_MoeFused(benchmark::State& state) {
   p.inter = kInter;
   p.num_experts = kExperts;
   p.top_k = kTopK;
+  p.num_shared = kShared;
+  p.path = state.range(1) == 1 ? MoePath::Grouped : state.range(1) == 2 ? MoePath::Small : MoePath::Auto;
+  p.tuning.gate_up_cols_per_warp = int(state.range(2));
+  p.tuning.down_rows_per_warp = int(state.range(3));
+  p.tuning.down_rows_per_block = int(state.range(4));
   p.out = m.out.get<__nv_bfloat16>();
-  const double s = run_timed(state, [&] { moe_experts(p, m.work.get(), nullptr); });
-  moe_counters(state, s, m);
+  DeviceBuffer work(moe_workspace_bytes(p));
+  const double s = run_timed(state, [&] { moe_experts(p, work.get(), nullptr); });
+  moe_counters(state, s, m, kShared);
+  state.counters["small_path"] = moe_path(p) == MoePath::Small;
 }
 
 // The simple path: per active expert, gather its rows and run three cuBLASLt
@@ -283,7 +298,7 @@ void BM_MoePerExpertCublas(benchmark::State& state) {
       // (the weighted scatter-add back to tokens is left out: this path is a lower bound)
     }
   });
-  moe_counters(state, s, m);
+  moe_counters(state, s, m, 0);
 }
 
 }  // namespace
@@ -303,7 +318,11 @@ BENCHMARK(BM_MlaDecode)
     ->Args({128, 4096, 1})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_MlaPrefill)->Args({1, 4096})->Args({8, 512})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
-BENCHMARK(BM_MoeFused)->Arg(1)->Arg(64)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
+BENCHMARK(BM_MoeFused)
+    ->ArgsProduct({{1, 2, 4, 8}, {1, 2}, {2}, {2}, {8}})
+    ->Args({16, 0, 2, 2, 8})->Args({64, 0, 2, 2, 8})->Args({4096, 0, 2, 2, 8})
+    ->ArgsProduct({{1, 8}, {2}, {1, 2, 4}, {1, 2, 4}, {4, 8, 16, 32}})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
 BENCHMARK(BM_MoePerExpertCublas)->Arg(1)->Arg(64)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 
 #endif  // MLASERVE_WITH_CUDA: without it there is nothing to benchmark

@@ -249,8 +249,9 @@ class OpTimingBackend final : public Backend {
   Tensor alloc(const Shape& s, DType d) override { return in_.alloc(s, d); }
   Weight load_weight(const Tensor& w, const Tensor& s) override { return in_.load_weight(w, s); }
   Tensor load_tensor(const Tensor& h) override { return in_.load_tensor(h); }
-  ExpertWeights load_experts(std::vector<Weight> g, std::vector<Weight> u, std::vector<Weight> d) override {
-    return in_.load_experts(std::move(g), std::move(u), std::move(d));
+  ExpertWeights load_experts(std::vector<Weight> g, std::vector<Weight> u, std::vector<Weight> d,
+                             std::optional<SharedExpertWeights> s) override {
+    return in_.load_experts(std::move(g), std::move(u), std::move(d), std::move(s));
   }
   Tensor to_host(const Tensor& t) override { return in_.to_host(t); }
   DeviceBatch prepare_batch(const ForwardBatch& b) override { return timed("prepare_batch", [&] { return in_.prepare_batch(b); }); }
@@ -269,6 +270,9 @@ class OpTimingBackend final : public Backend {
     timed("rope", [&] { in_.rope(x, off, p, f, s); });
   }
   void silu_and_mul(const Tensor& g, const Tensor& u, Tensor o) override { timed("silu_and_mul", [&] { in_.silu_and_mul(g, u, o); }); }
+  void silu_and_mul_gate_up(const Tensor& gu, Tensor o) override {
+    timed("silu_and_mul_gate_up", [&] { in_.silu_and_mul_gate_up(gu, o); });
+  }
   void add(Tensor y, const Tensor& x) override { timed("add", [&] { in_.add(y, x); }); }
   void copy_columns(const Tensor& s, int64_t sc, Tensor d, int64_t dc, int64_t n) override {
     timed("copy_columns", [&] { in_.copy_columns(s, sc, d, dc, n); });

@@ -12,6 +12,7 @@
 // - Outputs are preallocated by the caller; ops never allocate on the step
 //   path (CUDA graphs capture them).
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,11 +32,22 @@ struct Weight {
   bool is_fp8() const { return w.dtype() == DType::F8_E4M3; }
 };
 
-// All routed experts of one MoE layer. Backends may repack them at load
-// time (stacked, transposed, quantized) behind `packed`.
+// A MoE layer's shared experts as the checkpoint stores them: one SwiGLU MLP
+// of intermediate width n_shared * I (I = moe_intermediate_size).
+struct SharedExpertWeights {
+  Weight gate, up, down;  // {n_shared * I, D}, {n_shared * I, D}, {D, n_shared * I}
+};
+
+// All experts of one MoE layer: the routed ones and, when load_experts was
+// given them, the shared ones. Backends may repack them at load time
+// (stacked, transposed, quantized) behind `packed`. A sum over intermediate
+// channels splits exactly, so a backend may fold the shared MLP in as
+// num_shared extra always-selected experts of width I with weight 1.0.
 struct ExpertWeights {
-  std::vector<Weight> gate, up, down;  // per expert: {I, D}, {I, D}, {D, I}
+  std::vector<Weight> gate, up, down;  // per routed expert: {I, D}, {I, D}, {D, I}
   std::shared_ptr<void> packed;
+  int num_shared = 0;  // shared experts of width I included in moe_experts' output (0: none)
+  std::optional<SharedExpertWeights> shared;  // the shared MLP as given, for backends that run it whole (CPU)
   int num_experts() const { return int(gate.size()); }
 };
 
@@ -120,8 +132,13 @@ class Backend {
   virtual Weight load_weight(const Tensor& w, const Tensor& scale_inv) = 0;
   // Any other host tensor (norm weights, biases, embeddings) to the device.
   virtual Tensor load_tensor(const Tensor& host) = 0;
-  virtual ExpertWeights load_experts(std::vector<Weight> gate, std::vector<Weight> up,
-                                     std::vector<Weight> down) = 0;
+  // A MoE layer's experts from HOST weights as the checkpoint stores them
+  // (mmapped views; not passed through load_weight first), so a backend
+  // stacks and converts them itself (e.g. block-FP8 straight into FP8
+  // stacks). gate/up/down hold the routed experts; `shared` (optional) the
+  // layer's shared experts, whose width must be a multiple of the routed I.
+  virtual ExpertWeights load_experts(std::vector<Weight> gate, std::vector<Weight> up, std::vector<Weight> down,
+                                     std::optional<SharedExpertWeights> shared) = 0;
   virtual Tensor to_host(const Tensor& t) = 0;
   virtual DeviceBatch prepare_batch(const ForwardBatch& b) = 0;
   virtual void synchronize() = 0;
@@ -149,6 +166,9 @@ class Backend {
                     float cos_sin_scale) = 0;
   // out{T, I} = silu(gate{T, I}) * up{T, I}
   virtual void silu_and_mul(const Tensor& gate, const Tensor& up, Tensor out) = 0;
+  // out{T, I} = silu(gate_up[:, :I]) * gate_up[:, I:] for gate_up{T, 2I}: the
+  // dense MLP's gate and up projections run as one GEMM (rows concatenated).
+  virtual void silu_and_mul_gate_up(const Tensor& gate_up, Tensor out) = 0;
   // y += x (same shape)
   virtual void add(Tensor y, const Tensor& x) = 0;
   // Column block copy between row-major matrices: both tensors are viewed as
@@ -194,8 +214,9 @@ class Backend {
   // topk_weights F32 {T, k} (normalized and scaled per RouterParams).
   virtual void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& p,
                          Tensor topk_ids, Tensor topk_weights) = 0;
-  // out{T, D} = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]),
-  // expert(x) = down(silu(gate(x)) * up(x)).
+  // out{T, D} = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])
+  //             + shared(x[t]) when the experts were loaded with shared ones,
+  // expert(x) = down(silu(gate(x)) * up(x)), likewise shared(x).
   virtual void moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids,
                            const Tensor& topk_weights, Tensor out) = 0;
 

@@ -3,12 +3,19 @@
 namespace mlaserve {
 
 void dense_mlp(Backend& backend, const MlpWeights& w, const Tensor& h, Tensor out) {
-  const int64_t T = h.dim(0), I = w.gate_proj.out_features();
+  const int64_t T = h.dim(0), I = w.down_proj.in_features();
   const DType act = backend.act_dtype();
-  Tensor gate = backend.alloc({T, I}, act), up = backend.alloc({T, I}, act), hidden = backend.alloc({T, I}, act);
-  backend.linear(h, w.gate_proj, gate);
-  backend.linear(h, w.up_proj, up);
-  backend.silu_and_mul(gate, up, hidden);
+  Tensor hidden = backend.alloc({T, I}, act);
+  if (w.gate_up_proj) {
+    Tensor gate_up = backend.alloc({T, 2 * I}, act);
+    backend.linear(h, *w.gate_up_proj, gate_up);
+    backend.silu_and_mul_gate_up(gate_up, hidden);
+  } else {
+    Tensor gate = backend.alloc({T, I}, act), up = backend.alloc({T, I}, act);
+    backend.linear(h, *w.gate_proj, gate);
+    backend.linear(h, *w.up_proj, up);
+    backend.silu_and_mul(gate, up, hidden);
+  }
   backend.linear(hidden, w.down_proj, out);
 }
 
@@ -18,12 +25,7 @@ void moe_block(Backend& backend, const MoeWeights& w, const Tensor& h, Tensor ou
   backend.linear_f32_out(h, w.router, logits);
   Tensor ids = backend.alloc({T, k}, DType::I32), weights = backend.alloc({T, k}, DType::F32);
   backend.moe_route(logits, w.score_correction_bias, w.routing, ids, weights);
-  backend.moe_experts(h, w.experts, ids, weights, out);
-  if (w.shared_experts) {
-    Tensor shared = backend.alloc(out.shape(), backend.act_dtype());
-    dense_mlp(backend, *w.shared_experts, h, shared);
-    backend.add(out, shared);
-  }
+  backend.moe_experts(h, w.experts, ids, weights, out);  // shared experts included
 }
 
 }  // namespace mlaserve

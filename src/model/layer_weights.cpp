@@ -85,8 +85,20 @@ std::optional<Weight> load_stacked_linear(const Checkpoint& ckpt, Backend& backe
 }
 
 MlpWeights load_mlp(const Checkpoint& ckpt, Backend& backend, const std::string& prefix) {
-  return MlpWeights{load_linear(ckpt, backend, prefix + "gate_proj"), load_linear(ckpt, backend, prefix + "up_proj"),
-                    load_linear(ckpt, backend, prefix + "down_proj")};
+  MlpWeights w;
+  w.gate_up_proj = load_stacked_linear(ckpt, backend, prefix + "gate_proj", prefix + "up_proj");
+  if (!w.gate_up_proj) {
+    w.gate_proj = load_linear(ckpt, backend, prefix + "gate_proj");
+    w.up_proj = load_linear(ckpt, backend, prefix + "up_proj");
+  }
+  w.down_proj = load_linear(ckpt, backend, prefix + "down_proj");
+  return w;
+}
+
+// A linear weight as the checkpoint stores it, on the host (for load_experts).
+Weight host_linear(const Checkpoint& ckpt, const std::string& prefix) {
+  const Tensor w = ckpt.get(prefix + ".weight");
+  return Weight{w, w.dtype() == DType::F8_E4M3 ? ckpt.get(prefix + ".weight_scale_inv") : Tensor()};
 }
 
 MlaWeights load_mla(const Checkpoint& ckpt, Backend& backend, const std::string& p) {
@@ -162,15 +174,26 @@ DecoderLayerWeights load_decoder_layer(const Checkpoint& ckpt, Backend& backend,
   if (moe.routing.method == TopkMethod::NoauxTc)
     moe.score_correction_bias =
         load_param(ckpt, backend, p + "mlp.gate.e_score_correction_bias", {int64_t(c.n_routed_experts)});
+  // Host views: the backend stacks the experts (and folds in the shared
+  // ones) straight from the checkpoint, in its own format.
   std::vector<Weight> gate, up, down;
   for (int e = 0; e < c.n_routed_experts; ++e) {
     const std::string ep = fmt::format("{}mlp.experts.{}.", p, e);
-    gate.push_back(load_linear(ckpt, backend, ep + "gate_proj"));
-    up.push_back(load_linear(ckpt, backend, ep + "up_proj"));
-    down.push_back(load_linear(ckpt, backend, ep + "down_proj"));
+    gate.push_back(host_linear(ckpt, ep + "gate_proj"));
+    up.push_back(host_linear(ckpt, ep + "up_proj"));
+    down.push_back(host_linear(ckpt, ep + "down_proj"));
   }
-  moe.experts = backend.load_experts(std::move(gate), std::move(up), std::move(down));
-  if (c.n_shared_experts > 0) moe.shared_experts = load_mlp(ckpt, backend, p + "mlp.shared_experts.");
+  std::optional<SharedExpertWeights> shared;
+  if (c.n_shared_experts > 0) {
+    const std::string sp = p + "mlp.shared_experts.";
+    shared = SharedExpertWeights{host_linear(ckpt, sp + "gate_proj"), host_linear(ckpt, sp + "up_proj"),
+                                 host_linear(ckpt, sp + "down_proj")};
+  }
+  try {
+    moe.experts = backend.load_experts(std::move(gate), std::move(up), std::move(down), std::move(shared));
+  } catch (const Error& e) {
+    fail("{}mlp experts: {}", p, e.what());
+  }
   w.moe = std::move(moe);
   return w;
 }

@@ -29,15 +29,19 @@ struct MlaWeights {
   Weight o_proj;                                 // {D, H * Dv}
 };
 
+// A dense SwiGLU MLP. Where gate_proj and up_proj rows stack (see
+// load_stacked_linear), they load as one weight {2I, D} and run as one GEMM;
+// otherwise separately.
 struct MlpWeights {
-  Weight gate_proj, up_proj, down_proj;
+  std::optional<Weight> gate_up_proj;            // [gate rows | up rows]
+  std::optional<Weight> gate_proj, up_proj;      // unless stacked
+  Weight down_proj;
 };
 
 struct MoeWeights {
   Weight router;                                 // gate.weight {E, D}
   Tensor score_correction_bias;                  // noaux_tc only, else undefined
-  ExpertWeights experts;
-  std::optional<MlpWeights> shared_experts;
+  ExpertWeights experts;                         // routed and shared experts (moe_experts sums both)
   RouterParams routing;
 };
 

@@ -132,6 +132,14 @@ TEST_P(Fp8BackendMoe, MatchesTheBf16DequantizedPath) {
     up.push_back(random_fp8_weight(kInter, kHidden, rng, 0.2f));
     down.push_back(random_fp8_weight(kHidden, kInter, rng, 0.2f));
   }
+  // Two shared experts as one MLP of width 2I: the backends cut it into two
+  // stacked experts (column slices of the down weight {D, 2I} and its scales).
+  HostFp8Weight shared_gate = random_fp8_weight(2 * kInter, kHidden, rng, 0.2f),
+                shared_up = random_fp8_weight(2 * kInter, kHidden, rng, 0.2f),
+                shared_down = random_fp8_weight(kHidden, 2 * kInter, rng, 0.2f);
+  const SharedExpertWeights shared{{host_q(shared_gate), host_scale(shared_gate)},
+                                   {host_q(shared_up), host_scale(shared_up)},
+                                   {host_q(shared_down), host_scale(shared_down)}};
   auto weights_of = [](std::vector<HostFp8Weight>& ws) {
     std::vector<Weight> out;
     for (auto& w : ws) out.push_back({host_q(w), host_scale(w)});
@@ -150,9 +158,10 @@ TEST_P(Fp8BackendMoe, MatchesTheBf16DequantizedPath) {
 
   CudaBackend backend;
   backend.set_fp8_weights(false);
-  const ExpertWeights ex_bf16 = backend.load_experts(weights_of(gate), weights_of(up), weights_of(down));
+  const ExpertWeights ex_bf16 = backend.load_experts(weights_of(gate), weights_of(up), weights_of(down), shared);
   backend.set_fp8_weights(true);
-  const ExpertWeights ex_fp8 = backend.load_experts(weights_of(gate), weights_of(up), weights_of(down));
+  const ExpertWeights ex_fp8 = backend.load_experts(weights_of(gate), weights_of(up), weights_of(down), shared);
+  ASSERT_EQ(ex_fp8.num_shared, 2);
   ASSERT_FALSE(ex_bf16.gate[0].is_fp8());
   ASSERT_TRUE(ex_fp8.gate[0].is_fp8());
   ASSERT_TRUE(ex_fp8.down[kExperts - 1].is_fp8());
@@ -166,7 +175,7 @@ TEST_P(Fp8BackendMoe, MatchesTheBf16DequantizedPath) {
   backend.moe_experts(dx, ex_bf16, dids, dw, out_bf16);
   backend.moe_experts(dx, ex_fp8, dids, dw, out_fp8);
   const double err = rel_l2(host_floats(backend, out_fp8), as_double(host_floats(backend, out_bf16)));
-  const std::string detail = fmt::format("{} tokens, {} experts, top {}", tokens, kExperts, kTopK);
+  const std::string detail = fmt::format("{} tokens, {} experts, top {}, 2 shared", tokens, kExperts, kTopK);
   report_fp8("backend moe fp8", detail.c_str(), err, kMoeTol);
   EXPECT_LT(err, kMoeTol);
 }

@@ -50,12 +50,12 @@ class Fp8Moe : public ::testing::TestWithParam<int> {};
 TEST_P(Fp8Moe, MatchesHostExpertsOnDequantizedWeights) {
   MLA_SKIP_WITHOUT_GPU();
   const int tokens = GetParam();
-  const bool with_addend = tokens % 2 == 1;
+  const int shared = tokens % 2 == 1 ? 2 : 0;  // stacked after the routed experts, weight 1
   std::mt19937 rng(23 + tokens);
   Experts ex;
   std::vector<uint8_t> gu_q, dn_q;
   std::vector<float> gu_s, dn_s;
-  for (int e = 0; e < kExperts; ++e) {
+  for (int e = 0; e < kExperts + shared; ++e) {
     ex.gate_up.push_back(random_fp8_weight(2 * kInter, kHidden, rng, 0.2f));
     ex.down.push_back(random_fp8_weight(kHidden, kInter, rng, 0.2f));
     gu_q.insert(gu_q.end(), ex.gate_up[e].q.begin(), ex.gate_up[e].q.end());
@@ -64,7 +64,6 @@ TEST_P(Fp8Moe, MatchesHostExpertsOnDequantizedWeights) {
     dn_s.insert(dn_s.end(), ex.down[e].scale.begin(), ex.down[e].scale.end());
   }
   const auto x = random_activations(tokens, kHidden, rng);
-  const auto addend = random_bf16(size_t(tokens) * kHidden, rng, 0.5f);
   std::vector<int32_t> ids(tokens * kTopK);
   std::vector<float> weights(tokens * kTopK);
   std::uniform_real_distribution<float> wdist(0.1f, 1.0f);
@@ -76,9 +75,8 @@ TEST_P(Fp8Moe, MatchesHostExpertsOnDequantizedWeights) {
   }
 
   auto dx = upload(x), dgu = upload(gu_q), dgus = upload(gu_s), ddn = upload(dn_q), ddns = upload(dn_s);
-  auto dids = upload(ids), dw = upload(weights), dadd = upload(addend);
+  auto dids = upload(ids), dw = upload(weights);
   auto dout = poisoned(size_t(tokens) * kHidden * 2);
-  DeviceBuffer workspace(fp8_moe_workspace_bytes(tokens, kTopK, kExperts, kHidden, kInter));
   Fp8MoeParams p;
   p.x = dx.get<__nv_bfloat16>();
   p.w_gate_up = dgu.get<uint8_t>();
@@ -87,13 +85,14 @@ TEST_P(Fp8Moe, MatchesHostExpertsOnDequantizedWeights) {
   p.w_down_scale = ddns.get<float>();
   p.topk_ids = dids.get<int32_t>();
   p.topk_weights = dw.get<float>();
-  p.addend = with_addend ? dadd.get<__nv_bfloat16>() : nullptr;
   p.num_tokens = tokens;
   p.hidden = kHidden;
   p.inter = kInter;
   p.num_experts = kExperts;
   p.top_k = kTopK;
+  p.num_shared = shared;
   p.out = dout.get<__nv_bfloat16>();
+  DeviceBuffer workspace(fp8_moe_workspace_bytes(p));
   fp8_moe_experts(p, workspace.get(), nullptr);
   const auto out = to_float(download<uint16_t>(dout, size_t(tokens) * kHidden));
 
@@ -101,22 +100,19 @@ TEST_P(Fp8Moe, MatchesHostExpertsOnDequantizedWeights) {
   for (int t = 0; t < tokens; ++t) {
     std::vector<float> row(kHidden);
     for (int i = 0; i < kHidden; ++i) row[i] = bf16_to_f32(x[t * kHidden + i]);
-    for (int i = 0; i < kHidden; ++i) {
-      const double a = with_addend ? bf16_to_f32(addend[t * kHidden + i]) : 0.0;
-      ref_scheme[t * kHidden + i] = ref_exact[t * kHidden + i] = a;
-    }
-    for (int j = 0; j < kTopK; ++j) {
-      const int e = ids[t * kTopK + j];
+    for (int j = 0; j < kTopK + shared; ++j) {
+      const int e = j < kTopK ? ids[t * kTopK + j] : kExperts + j - kTopK;
+      const double w = j < kTopK ? weights[t * kTopK + j] : 1.0;
       const auto ys = expert_mlp(ex, e, row, true), ye = expert_mlp(ex, e, row, false);
       for (int i = 0; i < kHidden; ++i) {
-        ref_scheme[t * kHidden + i] += weights[t * kTopK + j] * ys[i];
-        ref_exact[t * kHidden + i] += weights[t * kTopK + j] * ye[i];
+        ref_scheme[t * kHidden + i] += w * ys[i];
+        ref_exact[t * kHidden + i] += w * ye[i];
       }
     }
   }
   const std::string detail = std::to_string(tokens) + " tokens, block_m " +
-                             std::to_string(fp8_moe_block_m(tokens, kTopK, kExperts)) +
-                             (with_addend ? ", +addend" : "");
+                             std::to_string(fp8_moe_block_m(tokens, kTopK + shared, kExperts + shared)) +
+                             ", " + std::to_string(shared) + " shared";
   const double err = rel_l2(out, ref_scheme), err_exact = rel_l2(out, ref_exact);
   report_fp8("fp8 moe vs scheme", detail.c_str(), err, kSchemeTol);
   report_fp8("fp8 moe vs f64", detail.c_str(), err_exact, kVsUnquantizedTol);

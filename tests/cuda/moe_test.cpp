@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "cuda_test_util.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_router.h"
 
@@ -106,25 +107,35 @@ INSTANTIATE_TEST_SUITE_P(
                       RouteCase{RouteMethod::Greedy, false, 8, 2, 1, 1, true, 1.0f}));
 
 struct ExpertCase {
-  int tokens, hidden, inter, experts, top_k;
-  bool addend;
+  int tokens, hidden, inter, experts, top_k, shared;
+  MoePath path;
+  bool repeat_experts = false;  // tokens may name one expert in several of their slots
 };
 
-double run_experts(const ExpertCase& c, unsigned seed) {
+const char* path_name(MoePath p) { return p == MoePath::Small ? "small" : p == MoePath::Grouped ? "grouped" : "auto"; }
+
+struct ExpertRun {
+  double rel_l2;
+  std::vector<uint16_t> out;
+};
+
+// Random experts (E routed + S shared, stacked as moe_experts.h says) and
+// routing; the device result against an f64 host reference in which shared
+// expert s is one more expert every token takes with weight 1.
+ExpertRun run_experts(const ExpertCase& c, unsigned seed, const MoeSmallTuning& tuning = {}) {
   std::mt19937 rng(seed);
-  const int T = c.tokens, D = c.hidden, I = c.inter, E = c.experts, K = c.top_k;
+  const int T = c.tokens, D = c.hidden, I = c.inter, E = c.experts, K = c.top_k, S = c.shared, X = E + S;
   auto x = random_bf16(size_t(T) * D, rng);
-  // Separate gate {E, I, D} and up {E, I, D}, stacked into the kernel's interleaved gate_up.
-  auto wg = random_bf16(size_t(E) * I * D, rng, 0.05f), wu = random_bf16(size_t(E) * I * D, rng, 0.05f);
-  auto wd = random_bf16(size_t(E) * D * I, rng, 0.05f);
-  std::vector<uint16_t> wgu(size_t(E) * 2 * I * D);
-  for (size_t e = 0; e < size_t(E); ++e)
+  // Separate gate {X, I, D} and up {X, I, D}, stacked into the kernel's interleaved gate_up.
+  auto wg = random_bf16(size_t(X) * I * D, rng, 0.05f), wu = random_bf16(size_t(X) * I * D, rng, 0.05f);
+  auto wd = random_bf16(size_t(X) * D * I, rng, 0.05f);
+  std::vector<uint16_t> wgu(size_t(X) * 2 * I * D);
+  for (size_t e = 0; e < size_t(X); ++e)
     for (int i = 0; i < I; ++i)
       for (int d = 0; d < D; ++d) {
         wgu[(e * 2 * I + gate_up_row(i, false)) * D + d] = wg[(e * I + i) * D + d];
         wgu[(e * 2 * I + gate_up_row(i, true)) * D + d] = wu[(e * I + i) * D + d];
       }
-  auto add = random_bf16(size_t(T) * D, rng);
   std::vector<int32_t> ids(size_t(T) * K);
   std::vector<float> w(size_t(T) * K);
   std::uniform_real_distribution<float> uw(0.1f, 1.0f);
@@ -133,16 +144,16 @@ double run_experts(const ExpertCase& c, unsigned seed) {
     std::iota(all.begin(), all.end(), 0);
     std::shuffle(all.begin(), all.end(), rng);
     for (int j = 0; j < K; ++j) {
-      ids[t * K + j] = all[j];
+      ids[t * K + j] = c.repeat_experts && j % 2 == 1 ? all[j - 1] : all[j];
       w[t * K + j] = uw(rng);
     }
   }
   std::vector<double> ref(size_t(T) * D, 0.0);
   std::vector<double> h(I);
   for (int t = 0; t < T; ++t) {
-    for (int d = 0; d < D; ++d) ref[size_t(t) * D + d] = c.addend ? bf16_to_f32(add[size_t(t) * D + d]) : 0.0;
-    for (int j = 0; j < K; ++j) {
-      const size_t e = ids[t * K + j];
+    for (int j = 0; j < K + S; ++j) {
+      const size_t e = j < K ? size_t(ids[t * K + j]) : size_t(E + j - K);
+      const double weight = j < K ? w[t * K + j] : 1.0;
       for (int i = 0; i < I; ++i) {
         double gsum = 0, usum = 0;
         for (int d = 0; d < D; ++d) {
@@ -155,48 +166,160 @@ double run_experts(const ExpertCase& c, unsigned seed) {
       for (int d = 0; d < D; ++d) {
         double acc = 0;
         for (int i = 0; i < I; ++i) acc += h[i] * bf16_to_f32(wd[(e * D + d) * I + i]);
-        ref[size_t(t) * D + d] += w[t * K + j] * acc;
+        ref[size_t(t) * D + d] += weight * acc;
       }
     }
   }
-  auto dx = upload(x), dgu = upload(wgu), dd = upload(wd), dadd = upload(add), dids = upload(ids), dw = upload(w);
+  auto dx = upload(x), dgu = upload(wgu), dd = upload(wd), dids = upload(ids), dw = upload(w);
   auto dout = poisoned(size_t(T) * D * 2);
-  DeviceBuffer work(moe_workspace_bytes(T, K, E, D, I));
   MoeExpertsParams p;
   p.x = dx.get<__nv_bfloat16>();
   p.w_gate_up = dgu.get<__nv_bfloat16>();
   p.w_down = dd.get<__nv_bfloat16>();
   p.topk_ids = dids.get<int32_t>();
   p.topk_weights = dw.get<float>();
-  p.addend = c.addend ? dadd.get<__nv_bfloat16>() : nullptr;
   p.num_tokens = T;
   p.hidden = D;
   p.inter = I;
   p.num_experts = E;
   p.top_k = K;
+  p.num_shared = S;
+  p.path = c.path;
+  p.tuning = tuning;
   p.out = dout.get<__nv_bfloat16>();
+  DeviceBuffer work(moe_workspace_bytes(p));
   moe_experts(p, work.get(), nullptr);
-  const double err = rel_l2(to_float(download<uint16_t>(dout, ref.size())), ref);
-  std::printf("[rel_l2] moe_experts T=%d D=%d I=%d E=%d k=%d block_m=%d: %.2e\n", T, D, I, E, K,
-              moe_block_m(T, K, E), err);
-  return err;
+  ExpertRun r;
+  r.out = download<uint16_t>(dout, ref.size());
+  r.rel_l2 = rel_l2(to_float(r.out), ref);
+  std::printf("[rel_l2] moe_experts %s T=%d D=%d I=%d E=%d k=%d shared=%d%s: %.2e\n", path_name(moe_path(p)), T, D, I,
+              E, K, S, c.repeat_experts ? " repeated" : "", r.rel_l2);
+  return r;
 }
 
-TEST(MoeExperts, DecodeSizedBatch) {
+class MoeExpertsPaths : public ::testing::TestWithParam<MoePath> {};
+
+TEST_P(MoeExpertsPaths, DecodeSizedBatchesWithAndWithoutSharedExperts) {
   MLA_SKIP_WITHOUT_GPU();
-  EXPECT_LT(run_experts({3, 256, 128, 8, 2, false}, 1), 1e-2);
+  const MoePath path = GetParam();
+  EXPECT_LT(run_experts({1, 256, 128, 8, 2, 0, path}, 1).rel_l2, 1e-2);
+  EXPECT_LT(run_experts({1, 256, 128, 8, 2, 2, path}, 2).rel_l2, 1e-2);
+  EXPECT_LT(run_experts({3, 256, 128, 8, 2, 1, path}, 3).rel_l2, 1e-2);
+  EXPECT_LT(run_experts({8, 256, 128, 8, 3, 2, path}, 4).rel_l2, 1e-2);  // tokens share experts
 }
 
-TEST(MoeExperts, LargerBatchUsesWideRowBlocksAndAddsTheAddend) {
+TEST_P(MoeExpertsPaths, RaggedWidthsAndRepeatedExperts) {
   MLA_SKIP_WITHOUT_GPU();
-  EXPECT_LT(run_experts({150, 256, 192, 8, 3, true}, 2), 1e-2);
+  const MoePath path = GetParam();
+  EXPECT_LT(run_experts({5, 200, 72, 4, 2, 1, path}, 5).rel_l2, 1e-2);  // N, K not multiples of the tiles
+  EXPECT_LT(run_experts({4, 256, 128, 8, 4, 1, path, true}, 6).rel_l2, 1e-2);
+  EXPECT_LT(run_experts({1, 256, 128, 8, 4, 0, path, true}, 7).rel_l2, 1e-2);
 }
 
-TEST(MoeExperts, RaggedWidthsAndV2LiteWidths) {
+TEST_P(MoeExpertsPaths, V2LiteWidths) {
   MLA_SKIP_WITHOUT_GPU();
-  EXPECT_LT(run_experts({5, 200, 72, 4, 2, true}, 3), 1e-2);  // N, K not multiples of the tiles
-  EXPECT_LT(run_experts({2, 2048, 1408, 64, 6, true}, 4), 1e-2);
+  EXPECT_LT(run_experts({1, 2048, 1408, 64, 6, 2, GetParam()}, 8).rel_l2, 1e-2);
 }
+
+INSTANTIATE_TEST_SUITE_P(Paths, MoeExpertsPaths, ::testing::Values(MoePath::Small, MoePath::Grouped),
+                         [](const auto& info) { return std::string(path_name(info.param)); });
+
+TEST(MoeExperts, LargerBatchUsesWideRowBlocksWithSharedExperts) {
+  MLA_SKIP_WITHOUT_GPU();
+  EXPECT_LT(run_experts({150, 256, 192, 8, 3, 2, MoePath::Auto}, 10).rel_l2, 1e-2);
+}
+
+TEST(MoeExperts, SmallPathIsDeterministicForEveryTuning) {
+  MLA_SKIP_WITHOUT_GPU();
+  const ExpertCase c{6, 256, 136, 8, 3, 2, MoePath::Small};
+  for (int cols : {1, 2, 4})
+    for (int rows : {1, 2, 4}) {
+      MoeSmallTuning t;
+      t.gate_up_cols_per_warp = cols;
+      t.down_rows_per_warp = rows;
+      t.down_rows_per_block = 4 * rows;
+      const ExpertRun a = run_experts(c, 11, t), b = run_experts(c, 11, t);
+      EXPECT_LT(a.rel_l2, 1e-2) << cols << " cols, " << rows << " rows";
+      EXPECT_EQ(a.out, b.out) << cols << " cols, " << rows << " rows";
+    }
+}
+
+TEST(MoeExperts, AutoPicksTheSmallPathOnlyForDecodeSizedBatches) {
+  MoeExpertsParams p;
+  p.num_experts = 64;
+  p.top_k = 6;
+  p.num_shared = 2;
+  p.num_tokens = 1;
+  EXPECT_EQ(moe_path(p), MoePath::Small);
+  p.num_tokens = kMoeSmallMaxTokens;
+  EXPECT_EQ(moe_path(p), MoePath::Small);
+  p.num_tokens = kMoeSmallMaxTokens + 1;
+  EXPECT_EQ(moe_path(p), MoePath::Grouped);
+}
+
+// The model's path: CudaBackend folds the shared MLP (width S * I) into S
+// stacked experts; the CPU backend (the reference) runs it whole. Weights are
+// handed over as host views, as the model does.
+class BackendSharedExperts : public ::testing::TestWithParam<int> {};
+
+TEST_P(BackendSharedExperts, FoldedSharedExpertsMatchTheCpuBackend) {
+  MLA_SKIP_WITHOUT_GPU();
+  const int64_t T = GetParam(), D = 256, I = 128, E = 8, K = 2, S = 2;
+  std::mt19937 rng(100 + unsigned(T));
+  std::vector<std::vector<uint16_t>> store;
+  auto host_weight = [&](int64_t n, int64_t k) {
+    store.push_back(random_bf16(size_t(n * k), rng, 0.08f));
+    return Weight{Tensor::wrap(store.back().data(), {n, k}, DType::BF16, Device::CPU), {}};
+  };
+  store.reserve(3 * E + 3);
+  std::vector<Weight> gate, up, down;
+  for (int64_t e = 0; e < E; ++e) {
+    gate.push_back(host_weight(I, D));
+    up.push_back(host_weight(I, D));
+    down.push_back(host_weight(D, I));
+  }
+  const SharedExpertWeights shared{host_weight(S * I, D), host_weight(S * I, D), host_weight(D, S * I)};
+  std::vector<int32_t> ids(size_t(T * K));
+  std::vector<float> weights(ids.size());
+  std::uniform_real_distribution<float> wdist(0.1f, 1.0f);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int> perm(E);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int64_t j = 0; j < K; ++j) ids[size_t(t * K + j)] = perm[size_t(j)], weights[size_t(t * K + j)] = wdist(rng);
+  }
+  std::vector<uint16_t> x = random_bf16(size_t(T * D), rng);
+  std::vector<float> x_f32 = to_float(x);
+
+  auto cpu = make_cpu_backend();
+  const ExpertWeights cpu_experts = cpu->load_experts(gate, up, down, shared);
+  Tensor cpu_out = cpu->alloc({T, D}, DType::F32);
+  cpu->moe_experts(Tensor::wrap(x_f32.data(), {T, D}, DType::F32, Device::CPU), cpu_experts,
+                   Tensor::wrap(ids.data(), {T, K}, DType::I32, Device::CPU),
+                   Tensor::wrap(weights.data(), {T, K}, DType::F32, Device::CPU), cpu_out);
+
+  CudaBackend cuda;
+  const ExpertWeights cuda_experts = cuda.load_experts(gate, up, down, shared);
+  ASSERT_EQ(cuda_experts.num_shared, int(S));
+  ASSERT_EQ(cuda_experts.num_experts(), int(E));
+  Tensor dx = cuda.load_tensor(Tensor::wrap(x.data(), {T, D}, DType::BF16, Device::CPU));
+  Tensor dids = cuda.load_tensor(Tensor::wrap(ids.data(), {T, K}, DType::I32, Device::CPU));
+  Tensor dw = cuda.load_tensor(Tensor::wrap(weights.data(), {T, K}, DType::F32, Device::CPU));
+  Tensor out = cuda.alloc({T, D}, DType::BF16);
+  cuda.moe_experts(dx, cuda_experts, dids, dw, out);
+  const Tensor host_out = cuda.to_host(out);
+  std::vector<float> got(size_t(T * D));
+  std::vector<double> want(got.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    got[i] = bf16_to_f32(host_out.data<uint16_t>()[i]);
+    want[i] = cpu_out.data<float>()[i];
+  }
+  const double err = rel_l2(got, want);
+  std::printf("[rel_l2] backend moe_experts with %d shared experts, T=%d, CUDA vs CPU: %.2e\n", int(S), int(T), err);
+  EXPECT_LT(err, 1e-2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tokens, BackendSharedExperts, ::testing::Values(1, 5, 40));
 
 }  // namespace
 }  // namespace mlaserve::cuda::testing

@@ -384,45 +384,81 @@ TEST_F(CpuOpsTest, RoutingRejectsImpossibleGroupLimits) {
   EXPECT_THROW(be->moe_route(logits, {}, p, ids, w), Error);  // 16 experts do not split into 5 groups
 }
 
-TEST_F(CpuOpsTest, MoeExpertsMatchNaive) {
-  const int64_t T = 5, D = 12, I = 7, E = 4, k = 2;
-  std::vector<Weight> gate, up, down;
-  std::vector<Tensor> gw, uw, dw;
-  for (int e = 0; e < E; ++e) {
-    gw.push_back(random_bf16({I, D}, 0.3f));
-    uw.push_back(random_bf16({I, D}, 0.3f));
-    dw.push_back(random_bf16({D, I}, 0.3f));
-    gate.push_back(be->load_weight(gw.back(), {}));
-    up.push_back(be->load_weight(uw.back(), {}));
-    down.push_back(be->load_weight(dw.back(), {}));
+// down(silu(gate · x) * (up · x)) of one bf16 MLP in f64, as written in DESIGN.md.
+std::vector<double> naive_mlp(const Tensor& gw, const Tensor& uw, const Tensor& dw, const float* x) {
+  const int64_t I = gw.dim(0), D = gw.dim(1);
+  auto bf = [](const Tensor& t, int64_t i) { return double(bf16_to_f32(t.data<uint16_t>()[i])); };
+  std::vector<double> hidden(size_t(I), 0.0), y(size_t(D), 0.0);
+  for (int64_t i = 0; i < I; ++i) {
+    double g = 0, u = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      g += bf(gw, i * D + d) * x[d];
+      u += bf(uw, i * D + d) * x[d];
+    }
+    hidden[size_t(i)] = g / (1 + std::exp(-g)) * u;
   }
-  ExpertWeights experts = be->load_experts(gate, up, down);
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t i = 0; i < I; ++i) y[size_t(d)] += bf(dw, d * I + i) * hidden[size_t(i)];
+  return y;
+}
+
+TEST_F(CpuOpsTest, MoeExpertsMatchNaiveWithAndWithoutSharedExperts) {
+  const int64_t T = 5, D = 12, I = 7, E = 4, k = 2, S = 2;
+  std::vector<Weight> gate, up, down;
+  for (int e = 0; e < E; ++e) {
+    gate.push_back({random_bf16({I, D}, 0.3f), {}});
+    up.push_back({random_bf16({I, D}, 0.3f), {}});
+    down.push_back({random_bf16({D, I}, 0.3f), {}});
+  }
+  const SharedExpertWeights shared{{random_bf16({S * I, D}, 0.3f), {}}, {random_bf16({S * I, D}, 0.3f), {}},
+                                   {random_bf16({D, S * I}, 0.3f), {}}};
+  const ExpertWeights routed_only = be->load_experts(gate, up, down, std::nullopt);
+  const ExpertWeights with_shared = be->load_experts(gate, up, down, shared);
+  EXPECT_EQ(routed_only.num_shared, 0);
+  EXPECT_EQ(with_shared.num_shared, int(S));
   Tensor x = random_f32({T, D});
   Tensor ids = i32({0, 3, 1, 3, 2, 0, 3, 1, 0, 2}).view({T, k});
   Tensor w = random_f32({T, k});
-  Tensor out = be->alloc({T, D}, DType::F32);
-  be->moe_experts(x, experts, ids, w, out);
-  auto bf = [](const Tensor& t, int64_t i) { return double(bf16_to_f32(t.data<uint16_t>()[i])); };
-  std::vector<double> want(size_t(T * D), 0.0);
-  for (int64_t t = 0; t < T; ++t)
+  std::vector<double> routed(size_t(T * D), 0.0), total(size_t(T * D), 0.0);
+  for (int64_t t = 0; t < T; ++t) {
     for (int64_t j = 0; j < k; ++j) {
-      int e = ids.data<int32_t>()[t * k + j];
-      std::vector<double> hidden(static_cast<size_t>(I));
-      for (int64_t i = 0; i < I; ++i) {
-        double g = 0, u = 0;
-        for (int64_t d = 0; d < D; ++d) {
-          g += bf(gw[size_t(e)], i * D + d) * x.data<float>()[t * D + d];
-          u += bf(uw[size_t(e)], i * D + d) * x.data<float>()[t * D + d];
-        }
-        hidden[size_t(i)] = g / (1 + std::exp(-g)) * u;
-      }
-      for (int64_t d = 0; d < D; ++d) {
-        double y = 0;
-        for (int64_t i = 0; i < I; ++i) y += bf(dw[size_t(e)], d * I + i) * hidden[size_t(i)];
-        want[size_t(t * D + d)] += w.data<float>()[t * k + j] * y;
-      }
+      const size_t e = size_t(ids.data<int32_t>()[t * k + j]);
+      const auto y = naive_mlp(gate[e].w, up[e].w, down[e].w, x.data<float>() + t * D);
+      for (int64_t d = 0; d < D; ++d) routed[size_t(t * D + d)] += w.data<float>()[t * k + j] * y[size_t(d)];
     }
-  expect_close(out, want, 1e-5);
+    const auto ys = naive_mlp(shared.gate.w, shared.up.w, shared.down.w, x.data<float>() + t * D);
+    for (int64_t d = 0; d < D; ++d) total[size_t(t * D + d)] = routed[size_t(t * D + d)] + ys[size_t(d)];
+  }
+  Tensor out = be->alloc({T, D}, DType::F32);
+  be->moe_experts(x, routed_only, ids, w, out);
+  expect_close(out, routed, 1e-5);
+  be->moe_experts(x, with_shared, ids, w, out);
+  expect_close(out, total, 1e-5);
+}
+
+TEST_F(CpuOpsTest, LoadExpertsRejectsSharedExpertsOfAnotherWidth) {
+  const int64_t D = 12, I = 8;
+  std::vector<Weight> gate{{random_bf16({I, D}), {}}}, up{{random_bf16({I, D}), {}}},
+      down{{random_bf16({D, I}), {}}};
+  const SharedExpertWeights shared{{random_bf16({12, D}), {}}, {random_bf16({12, D}), {}},
+                                   {random_bf16({D, 12}), {}}};  // 12 is not a multiple of 8
+  EXPECT_THROW(be->load_experts(gate, up, down, shared), Error);
+}
+
+TEST_F(CpuOpsTest, SiluAndMulGateUpMatchesTheSplitForm) {
+  const int64_t T = 3, I = 10;
+  Tensor gate_up = random_f32({T, 2 * I}, 3.0f);
+  Tensor out = be->alloc({T, I}, DType::F32);
+  be->silu_and_mul_gate_up(gate_up, out);
+  std::vector<double> want;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < I; ++i) {
+      const double g = gate_up.data<float>()[t * 2 * I + i], u = gate_up.data<float>()[t * 2 * I + I + i];
+      want.push_back(g / (1 + std::exp(-g)) * u);
+    }
+  expect_close(out, want, 1e-6);
+  Tensor wrong = be->alloc({T, I + 1}, DType::F32);
+  EXPECT_THROW(be->silu_and_mul_gate_up(gate_up, wrong), Error);
 }
 
 TEST_F(CpuOpsTest, PrepareBatchRejectsInconsistentBatches) {

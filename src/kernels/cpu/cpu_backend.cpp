@@ -60,10 +60,31 @@ class CpuBackend final : public Backend {
 
   Tensor load_tensor(const Tensor& host) override { return host; }
 
-  ExpertWeights load_experts(std::vector<Weight> gate, std::vector<Weight> up, std::vector<Weight> down) override {
-    MLA_CHECK(gate.size() == up.size() && up.size() == down.size(), "experts: {} gate, {} up, {} down weights",
-              gate.size(), up.size(), down.size());
-    return ExpertWeights{std::move(gate), std::move(up), std::move(down), nullptr};
+  ExpertWeights load_experts(std::vector<Weight> gate, std::vector<Weight> up, std::vector<Weight> down,
+                             std::optional<SharedExpertWeights> shared) override {
+    MLA_CHECK(!gate.empty() && gate.size() == up.size() && up.size() == down.size(),
+              "experts: {} gate, {} up, {} down weights", gate.size(), up.size(), down.size());
+    ExpertWeights out;
+    for (size_t e = 0; e < gate.size(); ++e) {
+      out.gate.push_back(load_weight(gate[e].w, gate[e].scale_inv));
+      out.up.push_back(load_weight(up[e].w, up[e].scale_inv));
+      out.down.push_back(load_weight(down[e].w, down[e].scale_inv));
+    }
+    if (shared) {
+      // Run whole (one MLP), the reference for backends that fold it into experts.
+      const int64_t I = out.gate[0].out_features(), D = out.gate[0].in_features();
+      SharedExpertWeights s{load_weight(shared->gate.w, shared->gate.scale_inv),
+                            load_weight(shared->up.w, shared->up.scale_inv),
+                            load_weight(shared->down.w, shared->down.scale_inv)};
+      const int64_t Is = s.gate.out_features();
+      MLA_CHECK(Is > 0 && Is % I == 0 && s.gate.in_features() == D && s.up.w.shape() == s.gate.w.shape() &&
+                    s.down.w.shape() == Shape({D, Is}),
+                "shared experts: gate {}, up {}, down {} are not one MLP of a multiple of the routed width {} over {}",
+                shape_str(s.gate.w.shape()), shape_str(s.up.w.shape()), shape_str(s.down.w.shape()), I, D);
+      out.num_shared = int(Is / I);
+      out.shared = s;
+    }
+    return out;
   }
 
   Tensor to_host(const Tensor& t) override { return t; }
@@ -198,6 +219,22 @@ class CpuBackend final : public Backend {
     float* o = out.data<float>();
     parallel_for(out.numel(), 4096, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    });
+  }
+
+  void silu_and_mul_gate_up(const Tensor& gate_up, Tensor out) override {
+    check_f32(gate_up, "silu_and_mul_gate_up", "gate_up");
+    check_f32(out, "silu_and_mul_gate_up", "out");
+    const int64_t I = out.dim(-1), rows = row_count(out);
+    MLA_CHECK(gate_up.dim(-1) == 2 * I && row_count(gate_up) == rows, "silu_and_mul_gate_up: gate_up {} for out {}",
+              shape_str(gate_up.shape()), shape_str(out.shape()));
+    const float* gu = gate_up.data<float>();
+    float* o = out.data<float>();
+    parallel_for(rows * I, 4096, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const float g = gu[(i / I) * 2 * I + i % I], u = gu[(i / I) * 2 * I + I + i % I];
+        o[i] = g / (1.0f + std::exp(-g)) * u;
+      }
     });
   }
 

@@ -1,6 +1,7 @@
-// MoE routing and routed experts on the CPU. Experts run one at a time over
+// MoE routing and experts on the CPU. Routed experts run one at a time over
 // the tokens routed to them (gathered into a dense block), so each expert's
-// weights are read once per step and its linears use all cores.
+// weights are read once per step and its linears use all cores; the shared
+// experts run whole, as one MLP over every token.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -125,6 +126,19 @@ void moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& to
       const float w = weights[size_t(e)][size_t(i)];
       for (int64_t d = 0; d < D; ++d) dst[d] += w * y[size_t(i * D + d)];
     }
+  }
+  if (experts.shared) {
+    // The shared experts as one MLP over every token, weight 1.
+    const SharedExpertWeights& s = *experts.shared;
+    const int64_t I = s.gate.out_features();
+    gate.resize(size_t(T * I));
+    up.resize(size_t(T * I));
+    y.resize(size_t(T * D));
+    linear(x.data<float>(), D, T, s.gate, gate.data(), I);
+    linear(x.data<float>(), D, T, s.up, up.data(), I);
+    for (int64_t i = 0; i < T * I; ++i) gate[size_t(i)] = gate[size_t(i)] / (1.0f + std::exp(-gate[size_t(i)])) * up[size_t(i)];
+    linear(gate.data(), I, T, s.down, y.data(), D);
+    for (int64_t i = 0; i < T * D; ++i) o[i] += y[size_t(i)];
   }
 }
 

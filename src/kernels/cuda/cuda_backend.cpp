@@ -72,24 +72,23 @@ std::vector<uint16_t> host_weight_to_bf16(const Tensor& w, const Tensor& scale_i
   return out;
 }
 
-// Routed experts stacked for the grouped GEMMs: gate_up {E, 2I, D}, down {E, D, I}.
-// bf16 stacks interleave gate and up by 8 rows (moe_experts.h); FP8 stacks
-// keep all gate rows then all up rows, with their block scales stacked the
-// same way (fp8_moe.h).
+// A layer's experts stacked for the fused MoE kernels: the routed ones, then
+// the shared MLP cut into num_shared experts of width I. gate_up {E + S, 2I, D},
+// down {E + S, D, I}. bf16 stacks interleave gate and up by 8 rows
+// (moe_experts.h); FP8 stacks keep all gate rows then all up rows, with their
+// block scales stacked the same way (fp8_moe.h).
 struct StackedExperts {
   Tensor gate_up, down;
   Tensor gate_up_scale, down_scale;  // defined only for FP8 stacks
   int64_t hidden, inter;
+  int num_shared = 0;
   bool fp8() const { return gate_up_scale.defined(); }
 };
 
 size_t round_up_256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // Opt-in (MLASERVE_FP8=1) until the whole model runs on FP8-resident
-// weights: on the H200 a v3-slice checkpoint failed at load with it on (the
-// model uploads experts one by one before load_experts stacks them, and
-// device-resident FP8 weights are refused), so bf16 dequantization stays
-// the default.
+// weights and has been measured end to end on them.
 bool fp8_weights_from_env() {
   const char* v = std::getenv("MLASERVE_FP8");
   return v && std::strcmp(v, "1") == 0;
@@ -171,89 +170,144 @@ Tensor CudaBackend::load_tensor(const Tensor& host) {
   return upload(host);
 }
 
-ExpertWeights CudaBackend::load_experts(std::vector<Weight> gate, std::vector<Weight> up, std::vector<Weight> down) {
+// One expert of a stack: gate and up rows [col0, col0 + I) and down columns
+// [col0, col0 + I) of these weights (a routed expert whole, or a width-I
+// slice of the shared MLP).
+struct CudaBackend::ExpertSource {
+  Weight gate, up, down;
+  int64_t col0;
+};
+
+ExpertWeights CudaBackend::load_experts(std::vector<Weight> gate, std::vector<Weight> up, std::vector<Weight> down,
+                                        std::optional<SharedExpertWeights> shared) {
   const int64_t E = int64_t(gate.size());
   MLA_CHECK(E > 0 && up.size() == gate.size() && down.size() == gate.size(), "experts: {} gate, {} up, {} down weights",
             gate.size(), up.size(), down.size());
+  MLA_CHECK(gate[0].w.ndim() == 2, "expert 0: gate weight must be 2-D, got {}", shape_str(gate[0].w.shape()));
   const int64_t I = gate[0].out_features(), D = gate[0].in_features();
-  bool all_fp8 = I % kFp8Group == 0 && D % kFp8Group == 0;
-  for (int64_t e = 0; all_fp8 && e < E; ++e)
-    all_fp8 = keeps_fp8(gate[e].w, gate[e].scale_inv) && keeps_fp8(up[e].w, up[e].scale_inv) &&
-              keeps_fp8(down[e].w, down[e].scale_inv);
-  if (all_fp8) return load_experts_fp8(gate, up, down);
-  MLA_CHECK(I % 8 == 0, "experts: intermediate size {} is not a multiple of 8", I);
-  auto stacked = std::make_shared<StackedExperts>();
-  stacked->hidden = D;
-  stacked->inter = I;
-  stacked->gate_up = alloc({E, 2 * I, D}, DType::BF16);
-  stacked->down = alloc({E, D, I}, DType::BF16);
-  const size_t mat = size_t(I * D) * 2, group = size_t(8 * D) * 2;  // bytes of a matrix, of 8 rows
-  auto* gu = static_cast<char*>(stacked->gate_up.raw());
-  auto* dn = static_cast<char*>(stacked->down.raw());
-  ExpertWeights out;
-  for (int64_t e = 0; e < E; ++e) {
-    const Weight g = load_weight(gate[e].w, gate[e].scale_inv), u = load_weight(up[e].w, up[e].scale_inv),
-                 d = load_weight(down[e].w, down[e].scale_inv);
-    MLA_CHECK(g.w.shape() == Shape({I, D}) && u.w.shape() == Shape({I, D}) && d.w.shape() == Shape({D, I}),
-              "expert {}: gate {}, up {}, down {} do not match expert 0's [{}, {}]", e, shape_str(g.w.shape()),
-              shape_str(u.w.shape()), shape_str(d.w.shape()), I, D);
-    // gate_up interleaves 8-row groups of gate and up (see moe_experts.h).
-    char* gdst = gu + 2 * e * mat;
-    MLA_CUDA_CHECK(cudaMemcpy2DAsync(gdst, 2 * group, g.w.raw(), group, group, size_t(I / 8),
-                                     cudaMemcpyDeviceToDevice, stream_),
-                   "load_experts");
-    MLA_CUDA_CHECK(cudaMemcpy2DAsync(gdst + group, 2 * group, u.w.raw(), group, group, size_t(I / 8),
-                                     cudaMemcpyDeviceToDevice, stream_),
-                   "load_experts");
-    MLA_CUDA_CHECK(cudaMemcpyAsync(dn + e * mat, d.w.raw(), mat, cudaMemcpyDeviceToDevice, stream_), "load_experts");
-    MLA_CUDA_CHECK(cudaStreamSynchronize(stream_), "load_experts");  // before the per-expert copies are freed
-    // The routed experts live only in the stacks (`packed`): gate[e] is expert
-    // e's interleaved gate_up block, up[e] stays empty, down[e] is its down block.
-    out.gate.push_back({Tensor::wrap(gdst, {2 * I, D}, DType::BF16, Device::CUDA, stacked), {}});
-    out.up.push_back({});
-    out.down.push_back({Tensor::wrap(dn + e * mat, {D, I}, DType::BF16, Device::CUDA, stacked), {}});
-  }
-  out.packed = stacked;
-  return out;
-}
-
-ExpertWeights CudaBackend::load_experts_fp8(const std::vector<Weight>& gate, const std::vector<Weight>& up,
-                                            const std::vector<Weight>& down) {
-  const int64_t E = int64_t(gate.size()), I = gate[0].out_features(), D = gate[0].in_features();
-  const int64_t ib = I / kFp8Group, db = D / kFp8Group;
-  auto stacked = std::make_shared<StackedExperts>();
-  stacked->hidden = D;
-  stacked->inter = I;
-  stacked->gate_up = alloc({E, 2 * I, D}, DType::F8_E4M3);
-  stacked->down = alloc({E, D, I}, DType::F8_E4M3);
-  stacked->gate_up_scale = alloc({E, 2 * ib, db}, DType::F32);
-  stacked->down_scale = alloc({E, db, ib}, DType::F32);
-  const size_t mat = size_t(I * D), scales = size_t(ib * db) * 4;  // bytes of a matrix, of its scales
-  auto* gu = static_cast<char*>(stacked->gate_up.raw());
-  auto* dn = static_cast<char*>(stacked->down.raw());
-  auto* gus = static_cast<char*>(stacked->gate_up_scale.raw());
-  auto* dns = static_cast<char*>(stacked->down_scale.raw());
-  auto copy_in = [&](char* dst, const Tensor& src) {
-    MLA_CUDA_CHECK(cudaMemcpyAsync(dst, src.raw(), src.nbytes(), cudaMemcpyHostToDevice, stream_), "load_experts");
-  };
-  ExpertWeights out;
+  MLA_CHECK(I % 8 == 0 && D % 8 == 0, "experts: intermediate size {} and hidden size {} must be multiples of 8", I, D);
+  std::vector<ExpertSource> sources;
   for (int64_t e = 0; e < E; ++e) {
     MLA_CHECK(gate[e].w.shape() == Shape({I, D}) && up[e].w.shape() == Shape({I, D}) &&
                   down[e].w.shape() == Shape({D, I}),
               "expert {}: gate {}, up {}, down {} do not match expert 0's [{}, {}]", e, shape_str(gate[e].w.shape()),
               shape_str(up[e].w.shape()), shape_str(down[e].w.shape()), I, D);
-    copy_in(gu + 2 * e * mat, gate[e].w);
-    copy_in(gu + (2 * e + 1) * mat, up[e].w);
-    copy_in(dn + e * mat, down[e].w);
-    copy_in(gus + 2 * e * scales, gate[e].scale_inv);
-    copy_in(gus + (2 * e + 1) * scales, up[e].scale_inv);
-    copy_in(dns + e * scales, down[e].scale_inv);
+    sources.push_back({gate[e], up[e], down[e], 0});
+  }
+  int num_shared = 0;
+  if (shared) {
+    const int64_t Is = shared->gate.w.ndim() == 2 ? shared->gate.out_features() : 0;
+    MLA_CHECK(Is > 0 && Is % I == 0 && shared->gate.w.shape() == Shape({Is, D}) &&
+                  shared->up.w.shape() == Shape({Is, D}) && shared->down.w.shape() == Shape({D, Is}),
+              "shared experts: gate {}, up {}, down {} are not one MLP of a multiple of the routed width {} over {}",
+              shape_str(shared->gate.w.shape()), shape_str(shared->up.w.shape()), shape_str(shared->down.w.shape()),
+              I, D);
+    num_shared = int(Is / I);
+    for (int s = 0; s < num_shared; ++s) sources.push_back({shared->gate, shared->up, shared->down, s * I});
+  }
+  bool all_fp8 = I % kFp8Group == 0 && D % kFp8Group == 0;
+  for (const ExpertSource& src : sources)
+    all_fp8 = all_fp8 && keeps_fp8(src.gate.w, src.gate.scale_inv) && keeps_fp8(src.up.w, src.up.scale_inv) &&
+              keeps_fp8(src.down.w, src.down.scale_inv);
+  ExpertWeights out = all_fp8 ? stack_experts_fp8(sources, E, I, D) : stack_experts_bf16(sources, E, I, D);
+  out.num_shared = num_shared;
+  static_cast<StackedExperts*>(out.packed.get())->num_shared = num_shared;
+  return out;
+}
+
+// Sources may be host (the checkpoint's mmapped views) or device tensors:
+// cudaMemcpyDefault lets the unified address space tell them apart.
+ExpertWeights CudaBackend::stack_experts_bf16(const std::vector<ExpertSource>& sources, int64_t E, int64_t I,
+                                              int64_t D) {
+  const int64_t X = int64_t(sources.size());
+  auto stacked = std::make_shared<StackedExperts>();
+  stacked->hidden = D;
+  stacked->inter = I;
+  stacked->gate_up = alloc({X, 2 * I, D}, DType::BF16);
+  stacked->down = alloc({X, D, I}, DType::BF16);
+  const size_t mat = size_t(I * D) * 2, group = size_t(8 * D) * 2;  // bytes of a matrix, of 8 rows
+  auto* gu = static_cast<char*>(stacked->gate_up.raw());
+  auto* dn = static_cast<char*>(stacked->down.raw());
+  // Non-bf16 weights (dequantized FP8, f16, f32) are converted on the host
+  // once; the copies live until the stack is filled.
+  std::unordered_map<const void*, std::vector<uint16_t>> converted;
+  auto bf16_bytes = [&](const Weight& w) -> const char* {
+    if (w.w.dtype() == DType::BF16) return static_cast<const char*>(w.w.raw());
+    MLA_CHECK(w.w.device() == Device::CPU, "experts: device weights must be BF16, got {}", dtype_name(w.w.dtype()));
+    auto it = converted.find(w.w.raw());
+    if (it == converted.end()) it = converted.emplace(w.w.raw(), host_weight_to_bf16(w.w, w.scale_inv)).first;
+    return reinterpret_cast<const char*>(it->second.data());
+  };
+  ExpertWeights out;
+  for (int64_t x = 0; x < X; ++x) {
+    const ExpertSource& src = sources[size_t(x)];
+    const size_t col_bytes = size_t(src.col0) * 2, down_pitch = size_t(src.down.in_features()) * 2;
+    // gate_up interleaves 8-row groups of gate and up (see moe_experts.h).
+    char* gdst = gu + 2 * x * mat;
+    MLA_CUDA_CHECK(cudaMemcpy2DAsync(gdst, 2 * group, bf16_bytes(src.gate) + col_bytes * D, group, group,
+                                     size_t(I / 8), cudaMemcpyDefault, stream_),
+                   "load_experts");
+    MLA_CUDA_CHECK(cudaMemcpy2DAsync(gdst + group, 2 * group, bf16_bytes(src.up) + col_bytes * D, group, group,
+                                     size_t(I / 8), cudaMemcpyDefault, stream_),
+                   "load_experts");
+    MLA_CUDA_CHECK(cudaMemcpy2DAsync(dn + x * mat, size_t(I) * 2, bf16_bytes(src.down) + col_bytes, down_pitch,
+                                     size_t(I) * 2, size_t(D), cudaMemcpyDefault, stream_),
+                   "load_experts");
+    // The routed experts live only in the stacks (`packed`): gate[e] is expert
+    // e's interleaved gate_up block, up[e] stays empty, down[e] is its down block.
+    if (x < E) {
+      out.gate.push_back({Tensor::wrap(gdst, {2 * I, D}, DType::BF16, Device::CUDA, stacked), {}});
+      out.up.push_back({});
+      out.down.push_back({Tensor::wrap(dn + x * mat, {D, I}, DType::BF16, Device::CUDA, stacked), {}});
+    }
+  }
+  MLA_CUDA_CHECK(cudaStreamSynchronize(stream_), "load_experts");  // before the converted copies are freed
+  out.packed = stacked;
+  return out;
+}
+
+ExpertWeights CudaBackend::stack_experts_fp8(const std::vector<ExpertSource>& sources, int64_t E, int64_t I,
+                                             int64_t D) {
+  const int64_t X = int64_t(sources.size()), ib = I / kFp8Group, db = D / kFp8Group;
+  auto stacked = std::make_shared<StackedExperts>();
+  stacked->hidden = D;
+  stacked->inter = I;
+  stacked->gate_up = alloc({X, 2 * I, D}, DType::F8_E4M3);
+  stacked->down = alloc({X, D, I}, DType::F8_E4M3);
+  stacked->gate_up_scale = alloc({X, 2 * ib, db}, DType::F32);
+  stacked->down_scale = alloc({X, db, ib}, DType::F32);
+  const size_t mat = size_t(I * D), scales = size_t(ib * db) * 4;  // bytes of a matrix, of its scales
+  auto* gu = static_cast<char*>(stacked->gate_up.raw());
+  auto* dn = static_cast<char*>(stacked->down.raw());
+  auto* gus = static_cast<char*>(stacked->gate_up_scale.raw());
+  auto* dns = static_cast<char*>(stacked->down_scale.raw());
+  // rows x width bytes from src (row pitch src_pitch) to dst (packed rows).
+  auto copy_in = [&](char* dst, const void* src, size_t src_pitch, size_t width, size_t rows) {
+    MLA_CUDA_CHECK(cudaMemcpy2DAsync(dst, width, src, src_pitch, width, rows, cudaMemcpyHostToDevice, stream_),
+                   "load_experts");
+  };
+  auto bytes = [](const Tensor& t) { return static_cast<const char*>(t.raw()); };
+  ExpertWeights out;
+  for (int64_t x = 0; x < X; ++x) {
+    const ExpertSource& src = sources[size_t(x)];
+    const int64_t Is = src.down.in_features(), cb = src.col0 / kFp8Group;  // cb: first 128-block of the slice
+    // gate / up rows [col0, col0 + I) and their scale rows are contiguous.
+    copy_in(gu + 2 * x * mat, bytes(src.gate.w) + src.col0 * D, mat, mat, 1);
+    copy_in(gu + (2 * x + 1) * mat, bytes(src.up.w) + src.col0 * D, mat, mat, 1);
+    copy_in(gus + 2 * x * scales, bytes(src.gate.scale_inv) + cb * db * 4, scales, scales, 1);
+    copy_in(gus + (2 * x + 1) * scales, bytes(src.up.scale_inv) + cb * db * 4, scales, scales, 1);
+    // down columns [col0, col0 + I) of {D, Is}, and of its scales {D/128, Is/128}.
+    copy_in(dn + x * mat, bytes(src.down.w) + src.col0, size_t(Is), size_t(I), size_t(D));
+    copy_in(dns + x * scales, bytes(src.down.scale_inv) + cb * 4, size_t(Is / kFp8Group) * 4, size_t(ib) * 4,
+            size_t(db));
     // As in the bf16 stacks: gate[e] is expert e's [gate | up] block, up[e] stays empty.
-    out.gate.push_back({Tensor::wrap(gu + 2 * e * mat, {2 * I, D}, DType::F8_E4M3, Device::CUDA, stacked),
-                        Tensor::wrap(gus + 2 * e * scales, {2 * ib, db}, DType::F32, Device::CUDA, stacked)});
-    out.up.push_back({});
-    out.down.push_back({Tensor::wrap(dn + e * mat, {D, I}, DType::F8_E4M3, Device::CUDA, stacked),
-                        Tensor::wrap(dns + e * scales, {db, ib}, DType::F32, Device::CUDA, stacked)});
+    if (x < E) {
+      out.gate.push_back({Tensor::wrap(gu + 2 * x * mat, {2 * I, D}, DType::F8_E4M3, Device::CUDA, stacked),
+                          Tensor::wrap(gus + 2 * x * scales, {2 * ib, db}, DType::F32, Device::CUDA, stacked)});
+      out.up.push_back({});
+      out.down.push_back({Tensor::wrap(dn + x * mat, {D, I}, DType::F8_E4M3, Device::CUDA, stacked),
+                          Tensor::wrap(dns + x * scales, {db, ib}, DType::F32, Device::CUDA, stacked)});
+    }
   }
   MLA_CUDA_CHECK(cudaStreamSynchronize(stream_), "load_experts");  // the host sources may be temporaries
   out.packed = stacked;
@@ -453,6 +507,14 @@ void CudaBackend::silu_and_mul(const Tensor& gate, const Tensor& up, Tensor out)
                      bf(out, "silu_and_mul", "out"), stream_);
 }
 
+void CudaBackend::silu_and_mul_gate_up(const Tensor& gate_up, Tensor out) {
+  const int64_t I = out.dim(-1);
+  MLA_CHECK(gate_up.dim(-1) == 2 * I && row_count(gate_up) == row_count(out),
+            "silu_and_mul_gate_up: gate_up {} for out {}", shape_str(gate_up.shape()), shape_str(out.shape()));
+  const __nv_bfloat16* gu = bf(gate_up, "silu_and_mul_gate_up", "gate_up");
+  cuda::silu_and_mul(gu, gu + I, 2 * I, row_count(out), I, bf(out, "silu_and_mul_gate_up", "out"), stream_);
+}
+
 void CudaBackend::add(Tensor y, const Tensor& x) {
   MLA_CHECK(x.numel() == y.numel(), "add: {} vs {}", shape_str(y.shape()), shape_str(x.shape()));
   add_inplace(bf(y, "add", "y"), bf(x, "add", "x"), y.numel(), stream_);
@@ -650,10 +712,10 @@ void CudaBackend::moe_experts(const Tensor& x, const ExpertWeights& experts, con
     p.inter = int(stacked->inter);
     p.num_experts = experts.num_experts();
     p.top_k = int(k);
+    p.num_shared = stacked->num_shared;
     p.out = bf(out, "moe_experts", "out");
     if (T == 0) return;
-    Tensor work = alloc(
-        {int64_t(fp8_moe_workspace_bytes(p.num_tokens, p.top_k, p.num_experts, p.hidden, p.inter))}, DType::U8);
+    Tensor work = alloc({int64_t(fp8_moe_workspace_bytes(p))}, DType::U8);
     fp8_moe_experts(p, work.raw(), stream_);
     return;
   }
@@ -668,9 +730,10 @@ void CudaBackend::moe_experts(const Tensor& x, const ExpertWeights& experts, con
   p.inter = int(stacked->inter);
   p.num_experts = experts.num_experts();
   p.top_k = int(k);
+  p.num_shared = stacked->num_shared;
   p.out = bf(out, "moe_experts", "out");
-  Tensor work = alloc({int64_t(moe_workspace_bytes(p.num_tokens, p.top_k, p.num_experts, p.hidden, p.inter))},
-                      DType::U8);
+  if (T == 0) return;
+  Tensor work = alloc({int64_t(moe_workspace_bytes(p))}, DType::U8);
   cuda::moe_experts(p, work.raw(), stream_);
 }
 

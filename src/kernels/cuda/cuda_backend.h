@@ -31,7 +31,8 @@ class CudaBackend final : public Backend {
   Tensor alloc(const Shape& shape, DType dtype) override;
   Weight load_weight(const Tensor& w, const Tensor& scale_inv) override;
   Tensor load_tensor(const Tensor& host) override;
-  ExpertWeights load_experts(std::vector<Weight> gate, std::vector<Weight> up, std::vector<Weight> down) override;
+  ExpertWeights load_experts(std::vector<Weight> gate, std::vector<Weight> up, std::vector<Weight> down,
+                             std::optional<SharedExpertWeights> shared) override;
   Tensor to_host(const Tensor& t) override;
   DeviceBatch prepare_batch(const ForwardBatch& b) override;
   void synchronize() override;
@@ -42,6 +43,7 @@ class CudaBackend final : public Backend {
   void linear_f32_out(const Tensor& x, const Weight& w, Tensor out) override;
   void rope(Tensor x, int offset, const Tensor& positions, const Tensor& inv_freq, float cos_sin_scale) override;
   void silu_and_mul(const Tensor& gate, const Tensor& up, Tensor out) override;
+  void silu_and_mul_gate_up(const Tensor& gate_up, Tensor out) override;
   void add(Tensor y, const Tensor& x) override;
   void copy_columns(const Tensor& src, int64_t src_col, Tensor dst, int64_t dst_col, int64_t n) override;
   void scatter_rows(Tensor cache, const Tensor& rows, const Tensor& slots) override;
@@ -86,9 +88,11 @@ class CudaBackend final : public Backend {
   bool keeps_fp8(const Tensor& w, const Tensor& scale_inv) const;
   // out{M, N} bf16 = x · dequant(w)ᵀ with x quantized per token per 128 channels.
   void linear_fp8(const Tensor& x, const Weight& w, Tensor out);
-  // Routed experts stacked in FP8 for fp8_moe.h (all of them keeps_fp8).
-  ExpertWeights load_experts_fp8(const std::vector<Weight>& gate, const std::vector<Weight>& up,
-                                 const std::vector<Weight>& down);
+  // The stacks behind load_experts: E routed experts then the shared slices
+  // (all of them keeps_fp8 for the FP8 stacks of fp8_moe.h).
+  struct ExpertSource;
+  ExpertWeights stack_experts_bf16(const std::vector<ExpertSource>& sources, int64_t E, int64_t I, int64_t D);
+  ExpertWeights stack_experts_fp8(const std::vector<ExpertSource>& sources, int64_t E, int64_t I, int64_t D);
   // bf16 view of a weight-like tensor; f32 ones are converted once and cached.
   const __nv_bfloat16* as_bf16(const Tensor& t, const char* op);
   Tensor upload(const Tensor& host);

@@ -17,14 +17,17 @@ struct MoeShape {
   int64_t x_scale_ld, act_scale_ld;
 };
 
-MoeShape shape_of(int num_tokens, int top_k, int num_experts) {
+int slots_per_token(const Fp8MoeParams& p) { return p.top_k + p.num_shared; }
+int total_experts(const Fp8MoeParams& p) { return p.num_experts + p.num_shared; }
+
+MoeShape shape_of(const Fp8MoeParams& p) {
   MoeShape s;
-  s.assignments = num_tokens * top_k;
-  s.block_m = fp8_moe_block_m(num_tokens, top_k, num_experts);
+  s.assignments = p.num_tokens * slots_per_token(p);
+  s.block_m = fp8_moe_block_m(p.num_tokens, slots_per_token(p), total_experts(p));
   // Each expert's run adds at most one partly filled chunk.
-  s.max_chunks = (s.assignments + s.block_m - 1) / s.block_m + std::min(num_experts, s.assignments);
+  s.max_chunks = (s.assignments + s.block_m - 1) / s.block_m + std::min(total_experts(p), s.assignments);
   s.max_rows = s.max_chunks * s.block_m;
-  s.x_scale_ld = fp8_act_scale_ld(num_tokens);
+  s.x_scale_ld = fp8_act_scale_ld(p.num_tokens);
   s.act_scale_ld = fp8_act_scale_ld(s.max_rows);
   return s;
 }
@@ -58,7 +61,7 @@ Fp8GemmParams gate_up_params(const Fp8MoeParams& p, const MoeShape& s, const Wor
   g.rows_in_use = w.rows_in_use;
   g.max_chunks = s.max_chunks;
   g.gather_ids = w.sorted_ids;
-  g.gather_div = p.top_k;
+  g.gather_div = slots_per_token(p);
   g.gather_sentinel = s.assignments;
   return g;
 }
@@ -112,16 +115,17 @@ Workspace carve(void* base, const Fp8MoeParams& p, const MoeShape& s) {
   return w;
 }
 
-__global__ void fp8_moe_combine_kernel(const __nv_bfloat16* down, const int32_t* position, const float* weights,
-                                       const __nv_bfloat16* addend, int top_k, int hidden, __nv_bfloat16* out) {
+__global__ void fp8_moe_combine_kernel(const __nv_bfloat16* down, const int32_t* position, MoeSlots slots,
+                                       int hidden, __nv_bfloat16* out) {
   const int64_t t = blockIdx.x;
+  const int per_token = slots.per_token();
   for (int i = threadIdx.x * 8; i < hidden; i += blockDim.x * 8) {
     float acc[8] = {};
-    if (addend) Bf16x8::load(addend + t * hidden + i).to_float(acc);
-    for (int j = 0; j < top_k; ++j) {
-      const float wt = weights[t * top_k + j];
+    for (int j = 0; j < per_token; ++j) {
+      const int slot = int(t) * per_token + j;
+      const float wt = slots.weight(slot);
       float y[8];
-      Bf16x8::load(down + int64_t(position[t * top_k + j]) * hidden + i).to_float(y);
+      Bf16x8::load(down + int64_t(position[slot]) * hidden + i).to_float(y);
 #pragma unroll
       for (int v = 0; v < 8; ++v) acc[v] += wt * y[v];
     }
@@ -131,8 +135,8 @@ __global__ void fp8_moe_combine_kernel(const __nv_bfloat16* down, const int32_t*
 
 }  // namespace
 
-int fp8_moe_block_m(int num_tokens, int top_k, int num_experts) {
-  const int assignments = num_tokens * top_k;
+int fp8_moe_block_m(int num_tokens, int slots_per_token, int num_experts) {
+  const int assignments = num_tokens * slots_per_token;
   const int active = std::max(1, std::min(num_experts, assignments));
   const int rows_per_expert = (assignments + active - 1) / active;
   int block_m = 8;
@@ -140,31 +144,23 @@ int fp8_moe_block_m(int num_tokens, int top_k, int num_experts) {
   return block_m;
 }
 
-size_t fp8_moe_workspace_bytes(int num_tokens, int top_k, int num_experts, int hidden, int inter) {
-  Fp8MoeParams p;
-  p.num_tokens = num_tokens;
-  p.top_k = top_k;
-  p.num_experts = num_experts;
-  p.hidden = hidden;
-  p.inter = inter;
-  return carve(nullptr, p, shape_of(num_tokens, top_k, num_experts)).bytes;
-}
+size_t fp8_moe_workspace_bytes(const Fp8MoeParams& p) { return carve(nullptr, p, shape_of(p)).bytes; }
 
 void fp8_moe_experts(const Fp8MoeParams& p, void* workspace, cudaStream_t stream) {
   MLA_CUDA_REQUIRE(p.hidden % kFp8Group == 0 && p.inter % kFp8Group == 0,
                    "fp8 moe: hidden " + std::to_string(p.hidden) + " and inter " + std::to_string(p.inter) +
                        " must be multiples of 128");
-  MLA_CUDA_REQUIRE(p.num_experts > 0 && p.top_k > 0 && p.top_k <= p.num_experts,
+  MLA_CUDA_REQUIRE(p.num_experts > 0 && p.top_k > 0 && p.top_k <= p.num_experts && p.num_shared >= 0,
                    "fp8 moe: top_k must be in [1, num_experts]");
   if (p.num_tokens == 0) return;
-  const MoeShape s = shape_of(p.num_tokens, p.top_k, p.num_experts);
+  const MoeShape s = shape_of(p);
   const Workspace w = carve(workspace, p, s);
+  const MoeSlots slots{p.topk_ids, p.topk_weights, p.top_k, p.num_shared, p.num_experts};
 
   quantize_fp8_act(p.x, p.num_tokens, p.hidden, p.hidden, w.x_q, w.x_scale, s.x_scale_ld, stream);
-  const size_t align_smem = size_t(3 * p.num_experts + 1) * sizeof(int32_t);
-  moe_align_kernel<<<1, 1024, align_smem, stream>>>(p.topk_ids, s.assignments, p.num_experts, s.block_m,
-                                                         s.max_rows, w.sorted_ids, w.chunk_expert, w.rows_in_use,
-                                                         w.position);
+  const size_t align_smem = size_t(3 * total_experts(p) + 1) * sizeof(int32_t);
+  moe_align_kernel<<<1, 1024, align_smem, stream>>>(slots, s.assignments, total_experts(p), s.block_m, s.max_rows,
+                                                    w.sorted_ids, w.chunk_expert, w.rows_in_use, w.position);
   check_launch("fp8 moe align");
 
   const Fp8GemmParams gu = gate_up_params(p, s, w);
@@ -174,8 +170,7 @@ void fp8_moe_experts(const Fp8MoeParams& p, void* workspace, cudaStream_t stream
   const Fp8GemmParams dn = down_params(p, s, w);
   run_fp8_gemm(dn, plan_fp8_gemm(dn, s.block_m), w.gemm, stream);
 
-  fp8_moe_combine_kernel<<<p.num_tokens, 128, 0, stream>>>(w.down, w.position, p.topk_weights, p.addend, p.top_k,
-                                                           p.hidden, p.out);
+  fp8_moe_combine_kernel<<<p.num_tokens, 128, 0, stream>>>(w.down, w.position, slots, p.hidden, p.out);
   check_launch("fp8 moe combine");
 }
 

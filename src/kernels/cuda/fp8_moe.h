@@ -1,20 +1,22 @@
 #pragma once
-// Fused MoE experts in block FP8 (DeepSeek-V3 checkpoints as shipped):
+// Fused MoE experts in block FP8 (DeepSeek-V3 checkpoints as shipped), the
+// shared experts folded in as num_shared extra experts stacked after the
+// routed ones (assignment slots as in moe_align.cuh):
 //   1. quantize x per token per 128 channels (fp8_quant.h);
-//   2. align: group the (token, k) assignments by expert, each expert's run
+//   2. align: group the assignment slots by expert, each expert's run
 //      padded to block_m rows (one GEMM row chunk never mixes experts);
 //   3. gate_up: ONE grouped block-scaled FP8 GEMM launch over every active
 //      expert (fp8_gemm.h, rows gathered from x_q by token);
 //   4. SiLU-and-mul fused with the 1x128 quantization of its output;
 //   5. down: ONE grouped FP8 GEMM launch over the activated rows;
-//   6. combine: out[t] = sum_j w[t, j] * y[pos(t, j)] (+ addend, the shared
-//      experts' output), f32 sums.
+//   6. combine: out[t] = sum over the token's slots of weight * y[pos(slot)]
+//      (weight 1 for the shared experts), f32 sums.
 // NOTES: the grouped GEMM is fp8_gemm.h's kernel: near the bandwidth limit
 // while experts see <= 8 rows (decode), conversion-bound beyond (prefill;
 // docs/fp8.md has the numbers and what would fix it).
-// Expert weights are stacked at load time: gate_up {E, 2I, D} e4m3 (gate
-// rows then up rows) with scales {E, 2I/128, D/128}, down {E, D, I} with
-// scales {E, D/128, I/128}. D and I multiples of 128.
+// Expert weights are stacked at load time: gate_up {E + S, 2I, D} e4m3 (gate
+// rows then up rows) with scales {E + S, 2I/128, D/128}, down {E + S, D, I}
+// with scales {E + S, D/128, I/128}. D and I multiples of 128.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -31,15 +33,18 @@ struct Fp8MoeParams {
   const float* w_down_scale = nullptr;
   const int32_t* topk_ids = nullptr;      // {T, k}
   const float* topk_weights = nullptr;    // {T, k}
-  const __nv_bfloat16* addend = nullptr;  // {T, D} or null
-  int num_tokens = 0, hidden = 0, inter = 0, num_experts = 0, top_k = 0;
+  int num_tokens = 0, hidden = 0, inter = 0;
+  int num_experts = 0;  // routed experts E
+  int top_k = 0;
+  int num_shared = 0;   // shared experts S (stacked after the routed ones)
   __nv_bfloat16* out = nullptr;  // {T, D}
 };
 
 // Rows per GEMM chunk: about the rows an active expert sees (8 in decode,
 // 128 in long prefill). Shape-only, so decode steps stay graph-capturable.
-int fp8_moe_block_m(int num_tokens, int top_k, int num_experts);
-size_t fp8_moe_workspace_bytes(int num_tokens, int top_k, int num_experts, int hidden, int inter);
+int fp8_moe_block_m(int num_tokens, int slots_per_token, int num_experts);
+// Workspace for this shape (the pointers in p are not read).
+size_t fp8_moe_workspace_bytes(const Fp8MoeParams& p);
 void fp8_moe_experts(const Fp8MoeParams& p, void* workspace, cudaStream_t stream);
 
 }  // namespace mlaserve::cuda

@@ -1,35 +1,59 @@
 #pragma once
 // Token permutation for the grouped MoE GEMMs, shared by the bf16 and FP8
 // expert paths.
+//
+// Assignment slots: each token has slots_per_token = top_k + num_shared
+// slots; slot t * slots_per_token + j is the token's j-th routed expert
+// (topk_ids[t * top_k + j], weight topk_weights[...]) for j < top_k, and
+// shared expert j - top_k (stacked after the routed ones as expert
+// num_experts + j - top_k, weight 1) otherwise. So slot / slots_per_token is
+// always the token, as the GEMMs' row gather expects.
 #include <cstdint>
 
 namespace mlaserve::cuda {
 namespace {
 
-// Groups assignments by expert (counting sort in one block): each expert's
-// run starts on a block_m boundary; pads hold the sentinel `assignments`.
-__global__ void moe_align_kernel(const int32_t* topk_ids, int assignments, int num_experts, int block_m,
-                                 int max_rows, int32_t* sorted_ids, int32_t* block_expert, int32_t* num_padded,
+struct MoeSlots {
+  const int32_t* topk_ids;
+  const float* topk_weights;
+  int top_k, num_shared, num_experts;  // num_experts: routed ones
+
+  __host__ __device__ __forceinline__ int per_token() const { return top_k + num_shared; }
+  __device__ __forceinline__ int expert(int slot) const {
+    const int t = slot / per_token(), j = slot % per_token();
+    return j < top_k ? topk_ids[t * top_k + j] : num_experts + j - top_k;
+  }
+  __device__ __forceinline__ float weight(int slot) const {
+    const int t = slot / per_token(), j = slot % per_token();
+    return j < top_k ? topk_weights[t * top_k + j] : 1.0f;
+  }
+};
+
+// Groups assignment slots by expert (counting sort in one block): each
+// expert's run starts on a block_m boundary; pads hold the sentinel
+// `assignments`. total_experts = routed + shared.
+__global__ void moe_align_kernel(MoeSlots slots, int assignments, int total_experts, int block_m, int max_rows,
+                                 int32_t* sorted_ids, int32_t* block_expert, int32_t* num_padded,
                                  int32_t* position) {
   extern __shared__ int32_t sh[];
-  int32_t* count = sh;                      // [E]
-  int32_t* offset = count + num_experts;    // [E + 1]
-  int32_t* cursor = offset + num_experts + 1;  // [E]
-  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) count[e] = cursor[e] = 0;
+  int32_t* count = sh;                           // [E]
+  int32_t* offset = count + total_experts;       // [E + 1]
+  int32_t* cursor = offset + total_experts + 1;  // [E]
+  for (int e = threadIdx.x; e < total_experts; e += blockDim.x) count[e] = cursor[e] = 0;
   for (int i = threadIdx.x; i < max_rows; i += blockDim.x) sorted_ids[i] = assignments;
   __syncthreads();
-  for (int i = threadIdx.x; i < assignments; i += blockDim.x) atomicAdd(&count[topk_ids[i]], 1);
+  for (int i = threadIdx.x; i < assignments; i += blockDim.x) atomicAdd(&count[slots.expert(i)], 1);
   __syncthreads();
   if (threadIdx.x == 0) {
     offset[0] = 0;
-    for (int e = 0; e < num_experts; ++e) offset[e + 1] = offset[e] + (count[e] + block_m - 1) / block_m * block_m;
-    *num_padded = offset[num_experts];
+    for (int e = 0; e < total_experts; ++e) offset[e + 1] = offset[e] + (count[e] + block_m - 1) / block_m * block_m;
+    *num_padded = offset[total_experts];
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < num_experts; e += blockDim.x)
+  for (int e = threadIdx.x; e < total_experts; e += blockDim.x)
     for (int b = offset[e] / block_m; b < offset[e + 1] / block_m; ++b) block_expert[b] = e;
   for (int i = threadIdx.x; i < assignments; i += blockDim.x) {
-    const int e = topk_ids[i];
+    const int e = slots.expert(i);
     const int pos = offset[e] + atomicAdd(&cursor[e], 1);
     sorted_ids[pos] = i;
     position[i] = pos;
