@@ -164,7 +164,7 @@ void BM_Sm90MoeFp8(benchmark::State& state) {
 void BM_Sm90Fp8Gemm(benchmark::State& state) {
   if (skip_without_hopper(state)) return;
   const int m = int(state.range(0)), n = int(state.range(1)), k = int(state.range(2));
-  const Sm90GemmVariant variant{0, int(state.range(3)), int(state.range(4))};
+  const Sm90GemmVariant variant{0, int(state.range(3)), int(state.range(4)), int(state.range(5))};
   const int64_t ld = fp8_act_scale_ld(m);
   DeviceBuffer x(size_t(m) * k * 2), a(size_t(ld) * k), a_scale(size_t(ld) * (k / 128) * 4);
   DeviceBuffer w(size_t(n) * k), w_scale(size_t((n + 127) / 128) * (k / 128) * 4), out(size_t(m) * n * 2);
@@ -188,7 +188,8 @@ void BM_Sm90Fp8Gemm(benchmark::State& state) {
 }
 
 // Variant sweeps (Sm90GemmVariant): bf16 {tokens, block_m, wide stores};
-// fp8 {tokens, overlapped promotion, wide stores}; dense {m, n, k, overlapped, wide}.
+// fp8 {tokens, overlapped promotion, wide stores}; dense {m, n, k, overlapped,
+// wide, block_m}.
 void bf16_args(benchmark::internal::Benchmark* b) {
   for (int tokens : {512, 4096})
     for (int block_m : {128, 64})
@@ -204,9 +205,11 @@ void fp8_moe_args(benchmark::internal::Benchmark* b) {
 void dense_args(benchmark::internal::Benchmark* b) {
   const int shapes[][2] = {{1536, 7168}, {24576, 1536}, {576, 7168}, {7168, 16384},
                            {4096, 7168}, {7168, 2048},  {36864, 7168}, {7168, 18432}};
-  for (const auto& s : shapes)
+  for (const auto& s : shapes) {
     for (int overlap : {0, 1})
-      for (int wide : {0, 1}) b->Args({4096, s[0], s[1], overlap, wide});
+      for (int wide : {0, 1}) b->Args({4096, s[0], s[1], overlap, wide, 64});
+    b->Args({4096, s[0], s[1], 1, 1, 128});
+  }
 }
 BENCHMARK(BM_Sm90MoeBf16)->Apply(bf16_args)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_Sm90MoeFp8)->Apply(fp8_moe_args)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);

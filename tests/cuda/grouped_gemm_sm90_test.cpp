@@ -46,8 +46,8 @@ std::vector<Sm90GemmVariant> fp8_variants() {
   return v;
 }
 std::string variant_name(const Sm90GemmVariant& v) {
-  return "block_m " + std::to_string(v.bf16_block_m) + ", overlap " + std::to_string(v.fp8_overlap_promotion) +
-         ", wide " + std::to_string(v.wide_stores);
+  return "bf16 block_m " + std::to_string(v.bf16_block_m) + ", overlap " + std::to_string(v.fp8_overlap_promotion) +
+         ", wide " + std::to_string(v.wide_stores) + ", fp8 block_m " + std::to_string(v.fp8_block_m);
 }
 
 double silu_mul(double g, double u) { return g / (1.0 + std::exp(-g)) * u; }
@@ -281,7 +281,9 @@ TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
   for (size_t i = 0; i < xf.size(); ++i) xf[i] = bf16_to_f32(x[i]);
   const auto ref_scheme = matmul_nt(fake_quantize_rows(xf, m, k), w.dequant, m, n, k);
   const auto ref_exact = matmul_nt(xf, w.dequant, m, n, k);
-  for (const Sm90GemmVariant& v : fp8_variants()) {
+  std::vector<Sm90GemmVariant> variants = fp8_variants();
+  variants.push_back(Sm90GemmVariant{0, 1, 1, 128});  // 128 x 128 tiles (dense only)
+  for (const Sm90GemmVariant& v : variants) {
     SCOPED_TRACE(variant_name(v));
     auto dout = poisoned(size_t(m) * n * 2);
     p.out = dout.get<__nv_bfloat16>();
@@ -289,7 +291,8 @@ TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
     fp8_gemm_sm90(p, nullptr);
     const auto out = to_float(download<uint16_t>(dout, size_t(m) * n));
     const std::string detail = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + ", o" +
-                               std::to_string(v.fp8_overlap_promotion) + " w" + std::to_string(v.wide_stores);
+                               std::to_string(v.fp8_overlap_promotion) + " w" + std::to_string(v.wide_stores) +
+                               " bm" + std::to_string(v.fp8_block_m);
     // Same quantized operands: only f32 accumulation order and bf16 output rounding differ.
     const double err = rel_l2(out, ref_scheme), err_exact = rel_l2(out, ref_exact);
     report_fp8("sm90 fp8 gemm vs scheme", detail.c_str(), err, kBf16Tol);

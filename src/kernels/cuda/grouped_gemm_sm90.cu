@@ -55,6 +55,14 @@ struct Fp8Tiles {
   static constexpr int kBlockM = 64, kBlockN = 256, kBlockK = 128, kStages = 5;
 };
 
+// fp8 for dense GEMMs, 128 x 128 tiles; the consumer warpgroups split the
+// rows (64 x 128 each, the same wgmma shape): a fifth fewer bytes from L2 per
+// product than 64 x 256. 6 stages of 32.5 KB.
+struct Fp8Rows128 {
+  static constexpr bool kFp8 = true, kSplitM = true, kOverlapPromotion = true, kWideStores = true;
+  static constexpr int kBlockM = 128, kBlockN = 128, kBlockK = 128, kStages = 6;
+};
+
 static_assert(Fp8Tiles<false, false>::kBlockM == kSm90Fp8BlockM, "the MoE align step pads to the fp8 row tile");
 
 template <class T>
@@ -246,10 +254,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float* w_scale_piece[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int row_block = min(piece_row<T, kEpi>(args, nb, 2 * wg + h) / 128, args.w_scale_rows - 1);
+        const int piece = (T::kSplitM ? 0 : 2 * wg) + h;  // this warpgroup's 64-row weight pieces
+        const int row_block = min(piece_row<T, kEpi>(args, nb, piece) / 128, args.w_scale_rows - 1);
         w_scale_piece[h] = args.w_scale + (int64_t(group) * args.w_scale_rows + row_block) * scale_ld;
       }
-      const int r0 = warp * 16 + lane / 4;
+      const int r0 = (T::kSplitM ? wg * 64 : 0) + warp * 16 + lane / 4;  // row within the A tile
       auto issue = [&](float (&part)[L::kAccum], int st) {
         sm90::wgmma_fence();
         const uint64_t da = wgmma_desc(a_base + st * L::kABytes);
@@ -786,6 +795,8 @@ void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
 }
 
 void run_fp8_gemm(const Sm90Fp8GemmParams& p, cudaStream_t stream) {
+  const int block_m = p.variant.fp8_block_m ? p.variant.fp8_block_m : kSm90Fp8BlockM;
+  MLA_CUDA_REQUIRE(block_m == 64 || block_m == 128, "fp8_gemm_sm90: fp8_block_m must be 64 or 128");
   GemmArgs g;
   g.m = p.m;
   g.k = p.k;
@@ -795,8 +806,14 @@ void run_fp8_gemm(const Sm90Fp8GemmParams& p, cudaStream_t stream) {
   g.w_scale_rows = (p.n + kFp8Group - 1) / kFp8Group;
   g.out = p.out;
   g.out_ld = p.n;
-  launch_fp8_gemm<Epilogue::kStore>(p.variant, fp8_tile_map(p.a, p.m, p.k, kSm90Fp8BlockM, "a"),
-                                    fp8_tile_map(p.w, p.n, p.k, kPieceRows, "w"),
+  const CUtensorMap map_w = fp8_tile_map(p.w, p.n, p.k, kPieceRows, "w");
+  if (block_m == 128 && fp8_overlapped(p.variant, p.k)) {
+    launch_gemm<Fp8Rows128, Epilogue::kStore>(fp8_tile_map(p.a, p.m, p.k, 128, "a"), map_w,
+                                              scale_map(p.a_scale, p.a_scale_ld, p.k / kFp8Group, 128), g,
+                                              (p.m + 127) / 128, stream, "sm90 fp8 gemm");
+    return;
+  }
+  launch_fp8_gemm<Epilogue::kStore>(p.variant, fp8_tile_map(p.a, p.m, p.k, kSm90Fp8BlockM, "a"), map_w,
                                     scale_map(p.a_scale, p.a_scale_ld, p.k / kFp8Group, kSm90Fp8BlockM), g,
                                     (p.m + kSm90Fp8BlockM - 1) / kSm90Fp8BlockM, stream, "sm90 fp8 gemm");
 }
