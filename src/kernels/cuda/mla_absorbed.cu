@@ -16,7 +16,10 @@ constexpr int kBlockN = 32;         // latent rows per pipeline stage
 constexpr int kWarps = 4;
 constexpr int kLoadersPerRow = 4;  // threads copying one latent row
 constexpr int kMaxSplits = 64;
-constexpr int kMinRowsPerSplit = 64;  // below this a split is all latency
+// Below two tiles a split is mostly latency. (One tile: a 1 x 640 call in a
+// graph took 8.2 us at 20 splits vs 8.4 at 10, but 8 x 640 took 11.5 us at
+// 20 splits, more merge, where the previous kernel took 9.7 at 10.)
+constexpr int kMinRowsPerSplit = 2 * kBlockN;
 
 // Which sequence token t belongs to, and the kv range it attends to.
 struct TokenRange {
@@ -98,10 +101,9 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) mla_absorbed_mma_ke
 
   if (begin >= end) {  // this split got no rows: an empty partial result
     if (p.num_splits > 1) {
+      // Weight 0: the merge skips this split's (unwritten) partial rows.
       const int64_t sth0 = (int64_t(split) * p.num_tokens + t) * p.num_heads + h0;
       if (tid < heads) p.partial_lse[sth0 + tid] = -INFINITY;
-      // Zeros, so the merge can read every split unconditionally (weight 0).
-      for (int i = tid; i < heads * kL; i += blockDim.x) p.partial_out[sth0 * kL + i] = 0.0f;
     } else {
       for (int i = tid; i < heads * kL; i += blockDim.x)
         p.out[(int64_t(t) * p.num_heads + h0) * kL + i] = __float2bfloat16(0.0f);
@@ -320,12 +322,19 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) mla_absorbed_mma_ke
 }
 
 // Combines the splits of one (token, head): weights 2^(lse_s - max) / sum.
+// A block takes 128 latent dims of one (token, head): 32 threads of float4
+// columns times kMergeGroups groups that each sum every kMergeGroups-th split.
 // NOTES: the split weights are formed once in shared memory and the partial
 // rows are read with independent loads (unrolled); a loop that re-read each
 // lse from global memory serialized ~2 x splits L2 round trips per thread,
-// ~20 us at 56 splits.
-__global__ void mla_merge_kernel(MlaAbsorbedParams p) {
+// ~20 us at 56 splits. Splitting the splits over four thread groups cuts the
+// L2 round trips a thread waits for by four again (a 1-token batch at 64
+// splits: 2 rounds of 8 loads).
+constexpr int kMergeDims = 128, kMergeGroups = 4;
+__global__ void __launch_bounds__(kMergeGroups * kMergeDims / 4) mla_merge_kernel(MlaAbsorbedParams p) {
+  constexpr int kQuads = kMergeDims / 4;
   __shared__ float weight[kMaxSplits];
+  __shared__ float4 group_sum[kMergeGroups - 1][kQuads];
   grid_dependency_wait();
   const int64_t th = blockIdx.x;  // blockIdx.y picks a slice of the latent dims
   const int64_t stride = int64_t(p.num_tokens) * p.num_heads;
@@ -347,12 +356,34 @@ __global__ void mla_merge_kernel(MlaAbsorbedParams p) {
     for (int s = threadIdx.x; s < p.num_splits; s += 32) weight[s] *= inv;
   }
   __syncthreads();
-  for (int d = blockIdx.y * blockDim.x + threadIdx.x; d < p.latent_dim; d += gridDim.y * blockDim.x) {
-    const float* src = p.partial_out + th * p.latent_dim + d;
-    float acc = 0.0f;
+  const int quad = threadIdx.x % kQuads, group = threadIdx.x / kQuads;
+  const int d = blockIdx.y * kMergeDims + quad * 4;
+  const float* src = p.partial_out + th * p.latent_dim + d;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 8
-    for (int s = 0; s < p.num_splits; ++s) acc += weight[s] * src[s * stride * p.latent_dim];
-    p.out[th * p.latent_dim + d] = __float2bfloat16(acc);
+  for (int s = group; s < p.num_splits; s += kMergeGroups) {
+    const float w = weight[s];
+    if (w == 0.0f) continue;  // an empty split (or one that underflows): its rows may be garbage
+    const float4 v = *reinterpret_cast<const float4*>(src + s * stride * p.latent_dim);
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
+  }
+  if (group > 0) group_sum[group - 1][quad] = acc;
+  __syncthreads();
+  if (group == 0) {
+#pragma unroll
+    for (int g = 0; g < kMergeGroups - 1; ++g) {
+      const float4 v = group_sum[g][quad];
+      acc.x += v.x;
+      acc.y += v.y;
+      acc.z += v.z;
+      acc.w += v.w;
+    }
+    auto* dst = reinterpret_cast<__nv_bfloat162*>(p.out + th * p.latent_dim + d);
+    dst[0] = __floats2bfloat162_rn(acc.x, acc.y);
+    dst[1] = __floats2bfloat162_rn(acc.z, acc.w);
   }
 }
 
@@ -406,8 +437,9 @@ void launch_mma(const MlaAbsorbedParams& p, cudaStream_t stream) {
   check_launch("mla_attention_absorbed");
   if (p.num_splits > 1) {
     cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(p.num_tokens * p.num_heads, (p.latent_dim + 127) / 128);
-    config.blockDim = dim3(128);
+    static_assert(512 % kMergeDims == 0, "merge slices tile the latent");
+    config.gridDim = dim3(p.num_tokens * p.num_heads, 512 / kMergeDims);
+    config.blockDim = dim3(kMergeGroups * kMergeDims / 4);
     config.stream = stream;
     cudaLaunchAttribute attribute[1];
     attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -423,17 +455,20 @@ void launch_mma(const MlaAbsorbedParams& p, cudaStream_t stream) {
 int mla_absorbed_num_splits(int num_tokens, int num_heads, int sm_count, int max_kv_len) {
   // kDecodeBlocksPerSm blocks fit an SM. Pick the split count whose grid
   // fills the last wave best (a grid of 1.45 waves idles a quarter of the
-  // GPU in its tail),
-  // preferring fewer splits unless more are 5% better (less merge traffic),
-  // and never splits shorter than kMinRowsPerSplit rows. (The margin is
-  // relative: an absolute one kept a one-token batch at one split below 13.)
+  // GPU in its tail), preferring fewer splits unless more are 5% better
+  // (less merge traffic), and never splits shorter than kMinRowsPerSplit
+  // rows. Only splits that get rows count: splits start on tile bounds, so
+  // 61 splits of 4096 rows are 43 of 96 rows. (The margin is relative: an
+  // absolute one kept a one-token batch at one split below 13.)
   const int slots = kDecodeBlocksPerSm * sm_count;
   const int blocks = std::max(1, num_tokens * ((num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
-  const int limit = std::clamp(max_kv_len / kMinRowsPerSplit, 1, kMaxSplits);
+  const int kv_len = std::max(1, max_kv_len);
+  const int limit = std::clamp(kv_len / kMinRowsPerSplit, 1, kMaxSplits);
   int best = 1;
   double best_eff = 0;
   for (int s = 1; s <= limit; ++s) {
-    const int total = blocks * s, waves = (total + slots - 1) / slots;
+    const int chunk = ((kv_len + s - 1) / s + kBlockN - 1) / kBlockN * kBlockN;
+    const int total = blocks * ((kv_len + chunk - 1) / chunk), waves = (total + slots - 1) / slots;
     // Efficiency of the waves, discounted for a grid under one wave.
     const double eff = double(total) / (double(waves) * slots);
     if (eff > best_eff * 1.05) {
