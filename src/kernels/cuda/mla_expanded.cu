@@ -10,21 +10,27 @@ namespace mlaserve::cuda {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kWarps = 4;
-constexpr int kBlockM = 16 * kWarps;  // query rows per block, 16 per warp
-constexpr int kBlockN = 64;           // kv rows per tile
+constexpr int kBlockN = 64;  // kv rows per tile
 
-template <int kDn, int kR, int kDv>
+// kWarps warps of 16 query rows each share every K/V tile a block loads.
+template <int kDn, int kR, int kDv, int kWarps>
 struct ExpandedSmem {
+  static constexpr int kBlockM = 16 * kWarps;
   static constexpr int kDqk = kDn + kR;
   static constexpr int kQStride = kDqk + 8, kKStride = kDqk + 8, kVStride = kDv + 8;  // +16 B: no bank conflicts
   static constexpr int kQ = kBlockM * kQStride, kK = kBlockN * kKStride, kV = kBlockN * kVStride;
   static constexpr size_t kBytes = sizeof(__nv_bfloat16) * (kQ + 2 * (kK + kV));
 };
 
-template <int kDn, int kR, int kDv>
-__global__ void __launch_bounds__(kWarps * 32, 2) mla_expanded_mma_kernel(MlaExpandedParams p) {
-  using Smem = ExpandedSmem<kDn, kR, kDv>;
+// NOTES: query tiles are taken heaviest first (the causal tile at the end of
+// a sequence attends to the most keys), so the light ones fill the tail; a
+// warp whose 16 rows all precede a kv tile skips it, and only tiles that
+// cross a row's diagonal are masked. q·k runs k-step outer, n-tile inner, so
+// consecutive mma.sync are independent.
+template <int kDn, int kR, int kDv, int kWarps, int kMinBlocks>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) mla_expanded_mma_kernel(MlaExpandedParams p) {
+  using Smem = ExpandedSmem<kDn, kR, kDv, kWarps>;
+  constexpr int kBlockM = Smem::kBlockM;
   constexpr int kDqk = Smem::kDqk, kKSteps = kDqk / 16, kSTiles = kBlockN / 8, kOTiles = kDv / 8;
   static_assert(kDn % 8 == 0 && kR % 8 == 0 && kDqk % 32 == 0 && kDv % 16 == 0, "widths must tile");
 
@@ -34,7 +40,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) mla_expanded_mma_kernel(MlaExp
   __nv_bfloat16* v_s = k_s + 2 * Smem::kK;   // [2][kBlockN][kVStride]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c2 = (lane % 4) * 2;
-  const int b = blockIdx.z, h = blockIdx.y, row0 = blockIdx.x * kBlockM;
+  const int b = blockIdx.z, h = blockIdx.y, row0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
   const int q_begin = p.q_indptr[b], q_len = p.q_indptr[b + 1] - q_begin;
   const int kv_begin = p.kv_indptr[b], kv_len = p.kv_indptr[b + 1] - kv_begin;
   if (row0 >= q_len) return;
@@ -78,6 +84,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2) mla_expanded_mma_kernel(MlaExp
     const int i = row0 + warp * 16 + g + 8 * r;
     qpos[r] = prefix + (i < q_len ? i : q_len - 1);  // padding rows mirror the last row: finite, unused
   }
+  // This warp's first and last row positions (padding rows sit at the last).
+  const int warp_first = prefix + min(row0 + warp * 16, q_len - 1);
+  const int warp_last = prefix + min(row0 + warp * 16 + 15, q_len - 1);
   uint32_t qa[kKSteps][4];
   float o[kOTiles][4] = {};
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
@@ -97,12 +106,16 @@ __global__ void __launch_bounds__(kWarps * 32, 2) mla_expanded_mma_kernel(MlaExp
     }
     const __nv_bfloat16* ks_tile = k_s + buf * Smem::kK;
     const __nv_bfloat16* vs_tile = v_s + buf * Smem::kV;
+    if (j0 > warp_last) {  // every key of the tile is after every row of this warp
+      __syncthreads();
+      continue;
+    }
 
     float s[kSTiles][4] = {};
 #pragma unroll
-    for (int nt = 0; nt < kSTiles; ++nt) {
+    for (int k = 0; k < kDqk; k += 32) {
 #pragma unroll
-      for (int k = 0; k < kDqk; k += 32) {
+      for (int nt = 0; nt < kSTiles; ++nt) {
         uint32_t bk[4];
         ldmatrix_x4(bk, ks_tile + (nt * 8 + lane % 8) * Smem::kKStride + k + (lane / 8) * 8);
         mma_bf16_16816(s[nt], qa[k / 16], bk[0], bk[1]);
@@ -111,14 +124,24 @@ __global__ void __launch_bounds__(kWarps * 32, 2) mla_expanded_mma_kernel(MlaExp
     }
 
     float mx[2] = {-INFINITY, -INFINITY};
+    if (j0 + kBlockN - 1 <= warp_first) {  // below the diagonal of every row: nothing masked
 #pragma unroll
-    for (int nt = 0; nt < kSTiles; ++nt)
+      for (int nt = 0; nt < kSTiles; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2, j = j0 + nt * 8 + c2 + (e % 2);
-        s[nt][e] = j <= qpos[r] ? s[nt][e] * scale_log2 : -INFINITY;
-        mx[r] = fmaxf(mx[r], s[nt][e]);
-      }
+        for (int e = 0; e < 4; ++e) {
+          s[nt][e] *= scale_log2;
+          mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
+        }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e / 2, j = j0 + nt * 8 + c2 + (e % 2);
+          s[nt][e] = j <= qpos[r] ? s[nt][e] * scale_log2 : -INFINITY;
+          mx[r] = fmaxf(mx[r], s[nt][e]);
+        }
+    }
     float alpha[2], m_use[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -212,6 +235,28 @@ __global__ void mla_expanded_reference_kernel(MlaExpandedParams p) {
     p.out[(int64_t(t) * H + h) * p.v_dim + d] = __float2bfloat16(l > 0.0f ? acc[d] / l : 0.0f);
 }
 
+template <int kWarps, int kMinBlocks>
+void launch_mma(const MlaExpandedParams& p, cudaStream_t stream) {
+  using Smem = ExpandedSmem<128, 64, 128, kWarps>;
+  auto kernel = mla_expanded_mma_kernel<128, 64, 128, kWarps, kMinBlocks>;
+  static bool attribute_set = false;  // once per process and variant
+  if (!attribute_set) {
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::kBytes)),
+                   "mla_attention_expanded");
+    attribute_set = true;
+  }
+  const dim3 grid((p.max_q_len + Smem::kBlockM - 1) / Smem::kBlockM, p.num_heads, p.num_seqs);
+  kernel<<<grid, kWarps * 32, Smem::kBytes, stream>>>(p);
+  check_launch("mla_attention_expanded");
+}
+
+// 8 warps (128 query rows share each K/V tile), one block per SM (134 KB).
+// Measured on the H200 (one run, 16 heads): 1 x 4096 in 581 us (148 TFLOP/s)
+// against 712 us for 4 warps at two blocks per SM and 745 us for the previous
+// kernel (64 rows, tiles in launch order); 8 x 512: 102 / 117 / 120 us; 128
+// heads, 1 x 4096: 3.63 / 4.62 / 4.74 ms.
+constexpr int kPrefillWarps = 8, kPrefillMinBlocks = 1;
+
 }  // namespace
 
 bool mla_expanded_has_fast_path(int nope_dim, int rope_dim, int v_dim) {
@@ -228,17 +273,7 @@ void mla_attention_expanded(const MlaExpandedParams& p, cudaStream_t stream) {
     check_launch("mla_attention_expanded (reference kernel)");
     return;
   }
-  auto kernel = mla_expanded_mma_kernel<128, 64, 128>;
-  const size_t smem = ExpandedSmem<128, 64, 128>::kBytes;
-  static bool attribute_set = false;  // once per process; the kernel is fixed
-  if (!attribute_set) {
-    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-                   "mla_attention_expanded");
-    attribute_set = true;
-  }
-  const dim3 grid((p.max_q_len + kBlockM - 1) / kBlockM, p.num_heads, p.num_seqs);
-  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
-  check_launch("mla_attention_expanded");
+  launch_mma<kPrefillWarps, kPrefillMinBlocks>(p, stream);
 }
 
 }  // namespace mlaserve::cuda

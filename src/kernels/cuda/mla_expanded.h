@@ -3,9 +3,10 @@
 // the latent into per-head k_nope and v, so this is ordinary multi-head
 // attention with q·k over Dn + R = 192 and v of width Dv = 128, causal within
 // a sequence's new tokens and full over its cached prefix.
-// Flash-attention style: a block owns 64 query rows of one head, streams
-// 64-row K/V tiles through shared memory (double-buffered cp.async), keeps
-// the running softmax in registers, and uses mma.sync tensor cores.
+// Flash-attention style: a block owns 128 query rows of one head (8 warps of
+// 16), streams 64-row K/V tiles through shared memory (double-buffered
+// cp.async), keeps the running softmax in registers, and uses mma.sync
+// tensor cores.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
