@@ -191,7 +191,7 @@ void BM_Sm90Fp8Gemm(benchmark::State& state) {
 // fp8 {tokens, overlapped promotion, wide stores}; dense {m, n, k, overlapped,
 // wide, block_m}.
 void bf16_args(benchmark::internal::Benchmark* b) {
-  for (int tokens : {512, 4096})
+  for (int tokens : {256, 512, 1024, 2048, 4096})
     for (int block_m : {128, 64})
       for (int wide : {0, 1}) b->Args({tokens, block_m, wide});
 }
