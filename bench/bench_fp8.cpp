@@ -162,7 +162,9 @@ void dense_args(benchmark::internal::Benchmark* b) {
 // ---- fused MoE ---------------------------------------------------------------
 
 // V3's MoE with its shared expert folded in (stacked after the routed ones).
-// Args: tokens, shared experts (0 or 1).
+// Args: tokens, shared experts (0 or 1), path (0 auto, 1 grouped, 2 small),
+// then the small path's tuning: gate_up columns per warp, down rows per warp,
+// down rows per block (one run ranks the variants).
 void BM_Fp8Moe(benchmark::State& state) {
   const int tokens = int(state.range(0)), shared = int(state.range(1));
   DeviceFp8Weight gate_up(kExperts + shared, 2 * kMoeInter, kHidden, 11),
@@ -196,12 +198,17 @@ void BM_Fp8Moe(benchmark::State& state) {
   p.num_experts = kExperts;
   p.top_k = kTopK;
   p.num_shared = shared;
+  p.path = state.range(2) == 1 ? MoePath::Grouped : state.range(2) == 2 ? MoePath::Small : MoePath::Auto;
+  p.tuning.gate_up_cols_per_warp = int(state.range(3));
+  p.tuning.down_rows_per_warp = int(state.range(4));
+  p.tuning.down_rows_per_block = int(state.range(5));
   p.out = out.get<__nv_bfloat16>();
   DeviceBuffer workspace(fp8_moe_workspace_bytes(p));
   const double s = run_timed(state, [&] { fp8_moe_experts(p, workspace.get(), nullptr); });
   const double expert_bytes = 3.0 * kHidden * kMoeInter,
                weight_bytes = expert_bytes * double(touched.size() + size_t(shared));
   state.counters["experts_touched"] = double(touched.size() + size_t(shared));
+  state.counters["small_path"] = fp8_moe_path(p) == MoePath::Small;
   state.counters["block_m"] = fp8_moe_block_m(tokens, kTopK + shared, kExperts + shared);
   report(state, s, weight_bytes + 4.0 * tokens * kHidden, weight_bytes,
          2.0 * tokens * (kTopK + shared) * 3.0 * kHidden * kMoeInter);
@@ -304,7 +311,12 @@ BENCHMARK(BM_Fp8LinearOwnKernel)
 BENCHMARK(BM_Fp8LinearCublasLt)
     ->Args({4, 7168, 16384})->Args({8, 7168, 16384})->Args({8, 4096, 7168})->Args({16, 7168, 16384})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
-BENCHMARK(BM_Fp8Moe)->ArgsProduct({{1, 64, 4096}, {0, 1}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
+BENCHMARK(BM_Fp8Moe)
+    ->ArgsProduct({{1, 8, 64, 4096}, {1}, {0}, {2}, {2}, {8}})
+    ->ArgsProduct({{1, 8}, {1}, {1}, {2}, {2}, {8}})
+    ->Args({4096, 0, 0, 2, 2, 8})
+    ->ArgsProduct({{1}, {1}, {2}, {1, 2, 4}, {1, 2, 4}, {4, 8, 16, 32}})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
 BENCHMARK(BM_Fp8QAbsorb)->Arg(1)->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
 BENCHMARK(BM_Fp8VUp)->Arg(1)->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
 BENCHMARK(BM_Fp8RmsNormQuantize)->Arg(1)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);

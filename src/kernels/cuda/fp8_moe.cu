@@ -8,6 +8,7 @@
 #include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/fp8_quant.h"
 #include "kernels/cuda/moe_align.cuh"
+#include "kernels/cuda/moe_small.cuh"
 
 namespace mlaserve::cuda {
 namespace {
@@ -144,7 +145,16 @@ int fp8_moe_block_m(int num_tokens, int slots_per_token, int num_experts) {
   return block_m;
 }
 
-size_t fp8_moe_workspace_bytes(const Fp8MoeParams& p) { return carve(nullptr, p, shape_of(p)).bytes; }
+MoePath fp8_moe_path(const Fp8MoeParams& p) {
+  if (p.path != MoePath::Auto) return p.path;
+  return p.num_tokens <= kMoeSmallMaxTokens && slots_per_token(p) <= kMoeSmallMaxSlots ? MoePath::Small
+                                                                                       : MoePath::Grouped;
+}
+
+size_t fp8_moe_workspace_bytes(const Fp8MoeParams& p) {
+  if (fp8_moe_path(p) == MoePath::Small) return size_t(p.num_tokens) * slots_per_token(p) * p.inter * 2;  // act
+  return carve(nullptr, p, shape_of(p)).bytes;
+}
 
 void fp8_moe_experts(const Fp8MoeParams& p, void* workspace, cudaStream_t stream) {
   MLA_CUDA_REQUIRE(p.hidden % kFp8Group == 0 && p.inter % kFp8Group == 0,
@@ -153,9 +163,23 @@ void fp8_moe_experts(const Fp8MoeParams& p, void* workspace, cudaStream_t stream
   MLA_CUDA_REQUIRE(p.num_experts > 0 && p.top_k > 0 && p.top_k <= p.num_experts && p.num_shared >= 0,
                    "fp8 moe: top_k must be in [1, num_experts]");
   if (p.num_tokens == 0) return;
+  const MoeSlots slots{p.topk_ids, p.topk_weights, p.top_k, p.num_shared, p.num_experts};
+  if (fp8_moe_path(p) == MoePath::Small) {
+    SmallMoeArgs<Fp8Stacks> a;
+    a.w = Fp8Stacks{p.w_gate_up, p.w_down, p.w_gate_up_scale, p.w_down_scale};
+    a.x = p.x;
+    a.slots = slots;
+    a.num_tokens = p.num_tokens;
+    a.hidden = p.hidden;
+    a.inter = p.inter;
+    a.down_rows_per_block = p.tuning.down_rows_per_block;
+    a.act = static_cast<__nv_bfloat16*>(workspace);
+    a.out = p.out;
+    run_small_moe(a, p.tuning.gate_up_cols_per_warp, p.tuning.down_rows_per_warp, stream, "fp8 moe (small path)");
+    return;
+  }
   const MoeShape s = shape_of(p);
   const Workspace w = carve(workspace, p, s);
-  const MoeSlots slots{p.topk_ids, p.topk_weights, p.top_k, p.num_shared, p.num_experts};
 
   quantize_fp8_act(p.x, p.num_tokens, p.hidden, p.hidden, w.x_q, w.x_scale, s.x_scale_ld, stream);
   const size_t align_smem = size_t(3 * total_experts(p) + 1) * sizeof(int32_t);

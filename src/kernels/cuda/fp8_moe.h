@@ -11,6 +11,10 @@
 //   5. down: ONE grouped FP8 GEMM launch over the activated rows;
 //   6. combine: out[t] = sum over the token's slots of weight * y[pos(slot)]
 //      (weight 1 for the shared experts), f32 sums.
+// Batches of at most kMoeSmallMaxTokens tokens take the small path instead
+// (moe_small.cuh, as the bf16 experts do): two GEMV launches that dequantize
+// the FP8 weights in registers against bf16 activations (no activation
+// quantization, no align step).
 // NOTES: the grouped GEMM is fp8_gemm.h's kernel: near the bandwidth limit
 // while experts see <= 8 rows (decode), conversion-bound beyond (prefill;
 // docs/fp8.md has the numbers and what would fix it).
@@ -22,6 +26,8 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#include "kernels/cuda/moe_experts.h"
 
 namespace mlaserve::cuda {
 
@@ -37,8 +43,13 @@ struct Fp8MoeParams {
   int num_experts = 0;  // routed experts E
   int top_k = 0;
   int num_shared = 0;   // shared experts S (stacked after the routed ones)
+  MoePath path = MoePath::Auto;
+  MoeSmallTuning tuning;
   __nv_bfloat16* out = nullptr;  // {T, D}
 };
+
+// The path a batch takes (shape-only).
+MoePath fp8_moe_path(const Fp8MoeParams& p);
 
 // Rows per GEMM chunk: about the rows an active expert sees (8 in decode,
 // 128 in long prefill). Shape-only, so decode steps stay graph-capturable.

@@ -7,12 +7,15 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/mma_sm80.cuh"
 #include "kernels/cuda/moe_align.cuh"
+#include "kernels/cuda/moe_small.cuh"
 
 namespace mlaserve::cuda {
 namespace {
 
 constexpr int kBlockK = 64, kThreads = 128;
 constexpr int kMoeMaxSlots = kMoeSmallMaxSlots;  // slots per token, both paths (the combine's registers)
+static_assert(kMoeSmallMaxSlots == kSmallMaxSlotsPerToken && kMoeSmallMaxTokens == 8,
+              "moe_experts.h's small-path limits are moe_small.cuh's");
 
 // Pipeline depth: decode-sized tiles are small (80 x 64 per stage), and a
 // weight-streaming kernel needs many bytes in flight per SM to cover DRAM
@@ -242,306 +245,18 @@ void grouped_gemm(const GroupedGemmParams& p, int block_m, cudaStream_t stream) 
   }
 }
 
-// ---- small path (decode) --------------------------------------------------
-
-constexpr int kGateUpWarps = 4, kDownWarps = 8;
-
-// 16 bytes of weights, read once per step: past L1 (x and act, which every
-// warp re-reads, stay there).
-__device__ __forceinline__ uint4 load_weights_16(const __nv_bfloat16* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ void load_f32x8(const __nv_bfloat16* p, float (&f)[8]) {
-  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-  Bf16x8 b;
-  *reinterpret_cast<uint4*>(&b) = v;
-  b.to_float(f);
-}
-
-// acc += w(8 bf16) · x(8 f32)
-__device__ __forceinline__ float dot8(uint4 w, const float (&x)[8], float acc) {
-  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&w);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    acc = fmaf(f.x, x[2 * i], acc);
-    acc = fmaf(f.y, x[2 * i + 1], acc);
-  }
-  return acc;
-}
-
-struct SmallArgs {
-  const __nv_bfloat16 *x, *w_gate_up, *w_down;
-  MoeSlots slots;
-  int num_tokens, hidden, inter, down_rows_per_block;
-  __nv_bfloat16* act;  // {T * slots_per_token, I}
-  __nv_bfloat16* out;
-};
-
-// Block (column tile blockIdx.x, slot blockIdx.y). The block of an expert's
-// first slot computes act[slot, cols] = silu(x[t] · gate) * (x[t] · up) for
-// every slot of that expert (up to kMaxTok, one per token), reading the
-// weight rows once; blocks of its later slots exit. Each warp owns kCols
-// columns (a gate and an up row each) and streams 16 rows' worth of 16-byte
-// chunks per lane per step.
-template <int kMaxTok, int kCols>
-__global__ void __launch_bounds__(kGateUpWarps * 32) moe_small_gate_up_kernel(SmallArgs a) {
-  constexpr int kUnroll = 8 / kCols;
-  __shared__ int s_slot[kMaxTok];
-  __shared__ int s_n;
-  const int slot0 = blockIdx.y, per_token = a.slots.per_token(), total = a.num_tokens * per_token;
-  const int expert = a.slots.expert(slot0);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if constexpr (kMaxTok == 1) {
-    if (threadIdx.x == 0) s_slot[0] = slot0, s_n = 1;
-  } else if (warp == 0) {
-    int n = 0;
-    bool later = false;  // an earlier slot has this expert: its block does the work
-    for (int base = 0; base < total; base += 32) {
-      const int i = base + lane;
-      const bool match = i < total && a.slots.expert(i) == expert;
-      const unsigned mask = __ballot_sync(0xffffffffu, match);
-      later |= __any_sync(0xffffffffu, match && i < slot0);
-      const int pos = n + __popc(mask & ((1u << lane) - 1));
-      if (match && pos < kMaxTok) s_slot[pos] = i;
-      n += __popc(mask);
-    }
-    __syncwarp();
-    if (lane == 0) {
-      if (n > kMaxTok) {  // a token chose the expert twice: every slot computes its own row
-        s_slot[0] = slot0;
-        s_n = 1;
-      } else {
-        s_n = later ? 0 : n;
-      }
-    }
-  }
-  __syncthreads();
-  const int n = s_n;
-  const int col0 = (blockIdx.x * kGateUpWarps + warp) * kCols;
-  if (n == 0 || col0 >= a.inter) return;
-
-  const int D = a.hidden, I = a.inter, chunks = D / 8;
-  int slot[kMaxTok];
-  const __nv_bfloat16* xrow[kMaxTok];
-#pragma unroll
-  for (int t = 0; t < kMaxTok; ++t) {
-    slot[t] = t < n ? s_slot[t] : slot0;
-    xrow[t] = a.x + int64_t(slot[t] / per_token) * D;
-  }
-  const __nv_bfloat16* w = a.w_gate_up + int64_t(expert) * 2 * I * D;
-  const __nv_bfloat16* row[kCols][2];
-#pragma unroll
-  for (int c = 0; c < kCols; ++c)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) row[c][h] = w + gate_up_row(min(col0 + c, I - 1), h == 1) * D;
-
-  float acc[kCols][2][kMaxTok] = {};
-  for (int k0 = 0; k0 < chunks; k0 += 32 * kUnroll) {
-    uint4 wv[kCols][2][kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int kc = k0 + u * 32 + lane;
-#pragma unroll
-      for (int c = 0; c < kCols; ++c)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) wv[c][h][u] = kc < chunks ? load_weights_16(row[c][h] + kc * 8) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int t = 0; t < kMaxTok; ++t) {
-      if (t >= n) break;
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int kc = k0 + u * 32 + lane;
-        if (kc >= chunks) break;
-        float xf[8];
-        load_f32x8(xrow[t] + kc * 8, xf);
-#pragma unroll
-        for (int c = 0; c < kCols; ++c)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) acc[c][h][t] = dot8(wv[c][h][u], xf, acc[c][h][t]);
-      }
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < kMaxTok; ++t) {
-    if (t >= n) break;
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      const float g = warp_sum(acc[c][0][t]), u = warp_sum(acc[c][1][t]);
-      if (lane == 0 && col0 + c < I)
-        a.act[int64_t(slot[t]) * I + col0 + c] = __float2bfloat16(g / (1.0f + __expf(-g)) * u);
-    }
-  }
-}
-
-// Block: output rows [d0, d0 + rows) of every token. The slots are sorted by
-// (expert, slot) and cut into groups of one expert and distinct tokens;
-// warp w takes groups w, w + kDownWarps, ...: it streams the group's expert
-// rows once (kRowsPerWarp rows at a time) and adds weight * (act[slot] · row)
-// into its own partial sums, which the block adds up in warp order at the end.
-template <int kMaxTok, int kRowsPerWarp>
-__global__ void __launch_bounds__(kDownWarps * 32) moe_small_down_kernel(SmallArgs a) {
-  constexpr int kMaxSlots = kMaxTok * kMoeSmallMaxSlots, kUnroll = 16 / kRowsPerWarp;
-  __shared__ int s_expert[kMaxSlots];
-  __shared__ int s_order[kMaxSlots];      // slots sorted by (expert, slot)
-  __shared__ int s_group[kMaxSlots + 1];  // group g: s_order[s_group[g] .. s_group[g + 1])
-  __shared__ int s_num_groups;
-  extern __shared__ float s_partial[];    // [kDownWarps][T][rows]
-  const int per_token = a.slots.per_token(), T = a.num_tokens, total = T * per_token;
-  const int rows = a.down_rows_per_block, d0 = blockIdx.x * rows;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-
-  for (int i = threadIdx.x; i < total; i += blockDim.x) s_expert[i] = a.slots.expert(i);
-  for (int i = threadIdx.x; i < kDownWarps * T * rows; i += blockDim.x) s_partial[i] = 0.0f;
-  __syncthreads();
-  if constexpr (kMaxTok == 1) {
-    // One token: its slots name distinct experts (moe_route's top-k, then the shared ones).
-    for (int i = threadIdx.x; i <= total; i += blockDim.x) {
-      if (i < total) s_order[i] = i;
-      s_group[i] = i;
-    }
-    if (threadIdx.x == 0) s_num_groups = total;
-  } else {
-    for (int i = threadIdx.x; i < total; i += blockDim.x) {
-      const int e = s_expert[i];
-      int rank = 0;
-      for (int q = 0; q < total; ++q) rank += s_expert[q] < e || (s_expert[q] == e && q < i);
-      s_order[rank] = i;
-    }
-    __syncthreads();
-    if (warp == 0) {
-      int groups = 0;
-      for (int base = 0; base < total; base += 32) {
-        const int i = base + lane;
-        bool start = false;
-        if (i < total) {
-          const int cur = s_order[i];
-          const int prev = i > 0 ? s_order[i - 1] : -1;
-          start = i == 0 || s_expert[cur] != s_expert[prev] || cur / per_token == prev / per_token;
-        }
-        const unsigned mask = __ballot_sync(0xffffffffu, start);
-        if (start) s_group[groups + __popc(mask & ((1u << lane) - 1))] = i;
-        groups += __popc(mask);
-      }
-      if (lane == 0) {
-        s_group[groups] = total;
-        s_num_groups = groups;
-      }
-    }
-  }
-  __syncthreads();
-
-  const int D = a.hidden, I = a.inter, chunks = I / 8, groups = s_num_groups;
-  float* partial = s_partial + warp * T * rows;
-  for (int g = warp; g < groups; g += kDownWarps) {
-    const int first = s_group[g], n = s_group[g + 1] - first;  // n <= T <= kMaxTok
-    int slot[kMaxTok];
-    float weight[kMaxTok];
-#pragma unroll
-    for (int t = 0; t < kMaxTok; ++t) {
-      slot[t] = s_order[first + min(t, n - 1)];
-      weight[t] = t < n ? a.slots.weight(slot[t]) : 0.0f;
-    }
-    const __nv_bfloat16* w = a.w_down + int64_t(s_expert[slot[0]]) * D * I;
-    for (int r0 = 0; r0 < rows; r0 += kRowsPerWarp) {
-      const __nv_bfloat16* row[kRowsPerWarp];
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) row[r] = w + int64_t(min(d0 + r0 + r, D - 1)) * I;
-      float acc[kRowsPerWarp][kMaxTok] = {};
-      for (int k0 = 0; k0 < chunks; k0 += 32 * kUnroll) {
-        uint4 wv[kRowsPerWarp][kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int kc = k0 + u * 32 + lane;
-#pragma unroll
-          for (int r = 0; r < kRowsPerWarp; ++r)
-            wv[r][u] = kc < chunks ? load_weights_16(row[r] + kc * 8) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int t = 0; t < kMaxTok; ++t) {
-          if (t >= n) break;
-#pragma unroll
-          for (int u = 0; u < kUnroll; ++u) {
-            const int kc = k0 + u * 32 + lane;
-            if (kc >= chunks) break;
-            float af[8];
-            load_f32x8(a.act + int64_t(slot[t]) * I + kc * 8, af);
-#pragma unroll
-            for (int r = 0; r < kRowsPerWarp; ++r) acc[r][t] = dot8(wv[r][u], af, acc[r][t]);
-          }
-        }
-      }
-#pragma unroll
-      for (int t = 0; t < kMaxTok; ++t) {
-        if (t >= n) break;
-#pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) {
-          const float v = warp_sum(acc[r][t]);
-          if (lane == 0 && r0 + r < rows) partial[(slot[t] / per_token) * rows + r0 + r] += weight[t] * v;
-        }
-      }
-    }
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < T * rows; i += blockDim.x) {
-    const int t = i / rows, r = i % rows;
-    if (d0 + r >= D) continue;
-    float sum = 0.0f;
-    for (int w = 0; w < kDownWarps; ++w) sum += s_partial[(w * T + t) * rows + r];
-    a.out[int64_t(t) * D + d0 + r] = __float2bfloat16(sum);
-  }
-}
-
-template <int kMaxTok>
-void launch_small(const SmallArgs& a, const MoeSmallTuning& tuning, cudaStream_t stream) {
-  const int slots = a.num_tokens * a.slots.per_token();
-  const int cols_per_block = kGateUpWarps * tuning.gate_up_cols_per_warp;
-  const dim3 gate_up_grid((a.inter + cols_per_block - 1) / cols_per_block, slots);
-  switch (tuning.gate_up_cols_per_warp) {
-    case 1: moe_small_gate_up_kernel<kMaxTok, 1><<<gate_up_grid, kGateUpWarps * 32, 0, stream>>>(a); break;
-    case 2: moe_small_gate_up_kernel<kMaxTok, 2><<<gate_up_grid, kGateUpWarps * 32, 0, stream>>>(a); break;
-    case 4: moe_small_gate_up_kernel<kMaxTok, 4><<<gate_up_grid, kGateUpWarps * 32, 0, stream>>>(a); break;
-    default: raise_error("moe_experts: gate_up_cols_per_warp must be 1, 2 or 4");
-  }
-  check_launch("moe small gate_up");
-  const int rows = a.down_rows_per_block;
-  const dim3 down_grid((a.hidden + rows - 1) / rows);
-  const size_t smem = sizeof(float) * kDownWarps * a.num_tokens * rows;
-  switch (tuning.down_rows_per_warp) {
-    case 1: moe_small_down_kernel<kMaxTok, 1><<<down_grid, kDownWarps * 32, smem, stream>>>(a); break;
-    case 2: moe_small_down_kernel<kMaxTok, 2><<<down_grid, kDownWarps * 32, smem, stream>>>(a); break;
-    case 4: moe_small_down_kernel<kMaxTok, 4><<<down_grid, kDownWarps * 32, smem, stream>>>(a); break;
-    default: raise_error("moe_experts: down_rows_per_warp must be 1, 2 or 4");
-  }
-  check_launch("moe small down");
-}
-
 void run_small(const MoeExpertsParams& p, void* workspace, cudaStream_t stream) {
-  const MoeSmallTuning& t = p.tuning;
-  MLA_CUDA_REQUIRE(t.down_rows_per_block > 0 && t.down_rows_per_block <= 64 &&
-                       t.down_rows_per_block % t.down_rows_per_warp == 0,
-                   "moe_experts: down_rows_per_block must be a multiple of down_rows_per_warp, at most 64");
-  SmallArgs a;
+  SmallMoeArgs<Bf16Stacks> a;
+  a.w = Bf16Stacks{p.w_gate_up, p.w_down};
   a.x = p.x;
-  a.w_gate_up = p.w_gate_up;
-  a.w_down = p.w_down;
   a.slots = MoeSlots{p.topk_ids, p.topk_weights, p.top_k, p.num_shared, p.num_experts};
   a.num_tokens = p.num_tokens;
   a.hidden = p.hidden;
   a.inter = p.inter;
-  a.down_rows_per_block = t.down_rows_per_block;
+  a.down_rows_per_block = p.tuning.down_rows_per_block;
   a.act = static_cast<__nv_bfloat16*>(workspace);
   a.out = p.out;
-  if (p.num_tokens <= 1) launch_small<1>(a, t, stream);
-  else if (p.num_tokens <= 2) launch_small<2>(a, t, stream);
-  else if (p.num_tokens <= 4) launch_small<4>(a, t, stream);
-  else launch_small<8>(a, t, stream);
+  run_small_moe(a, p.tuning.gate_up_cols_per_warp, p.tuning.down_rows_per_warp, stream, "moe_experts (small path)");
 }
 
 void run_grouped(const MoeExpertsParams& p, void* workspace, cudaStream_t stream) {
@@ -609,8 +324,6 @@ void moe_experts(const MoeExpertsParams& p, void* workspace, cudaStream_t stream
                        std::to_string(kMoeMaxSlots));
   if (p.num_tokens == 0) return;
   if (moe_path(p) == MoePath::Small) {
-    MLA_CUDA_REQUIRE(p.num_tokens <= kMoeSmallMaxTokens,
-                     "moe_experts: the small path takes at most " + std::to_string(kMoeSmallMaxTokens) + " tokens");
     run_small(p, workspace, stream);
   } else {
     run_grouped(p, workspace, stream);

@@ -10,8 +10,8 @@
 //      rows gathered from x by token, SiLU-and-mul in its epilogue;
 //   3. down: one grouped GEMM over the activated rows;
 //   4. combine: out[t] = sum over the token's slots of weight * y[pos(slot)].
-// Small (decode, T <= kMoeSmallMaxTokens): two launches of weight-streaming
-// GEMV kernels, no align step:
+// Small (decode, T <= kMoeSmallMaxTokens; moe_small.cuh, shared with the FP8
+// path): two launches of weight-streaming GEMV kernels, no align step:
 //   1. gate_up: one block per (slot, column tile); the first slot of each
 //      expert gathers all the slots that share it (others exit), so each
 //      expert's weights are read once; SiLU-and-mul fused; act{slots, I};

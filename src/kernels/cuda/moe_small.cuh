@@ -1,0 +1,391 @@
+#pragma once
+// The small-batch (decode) MoE path shared by the bf16 and block-FP8 expert
+// stacks: two launches of weight-streaming GEMV kernels over the assignment
+// slots of moe_align.cuh, no align step.
+//   1. gate_up: one block per (slot, column tile). The block of an expert's
+//      first slot computes act[slot, cols] = silu(x[t] · gate) * (x[t] · up)
+//      for every slot of that expert (one per token), reading its weight rows
+//      once; blocks of its later slots exit. act is bf16 {T * slots, I}.
+//   2. down + combine: one block per tile of output rows reads each active
+//      expert's rows once and adds weight * (act[slot] · row) for every slot
+//      into per-warp partial sums, added up in a fixed order: out is written
+//      once, deterministically, with no atomics.
+// Activations stay bf16 (x) / f32 (sums) on both stacks: FP8 weights are
+// dequantized in registers (16 values and one 128x128 block scale a chunk).
+//
+// NOTES: decode is bound by streaming expert weights, so every lane keeps 16
+// 16-byte weight loads in flight (ld.global.nc.L1::no_allocate: read once,
+// kept out of L1, where x and act, which every warp re-reads, stay), and the
+// grids have thousands of small blocks so every SM streams until the end.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/bf16_vec.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/moe_align.cuh"
+
+namespace mlaserve::cuda {
+namespace {
+
+constexpr int kSmallGateUpWarps = 4, kSmallDownWarps = 8;
+constexpr int kSmallMaxSlotsPerToken = 16;
+
+__device__ __forceinline__ uint4 load_weights_16(const uint8_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// n (a multiple of 8) bf16 values at p as f32.
+template <int kN>
+__device__ __forceinline__ void load_bf16_as_f32(const __nv_bfloat16* p, float (&f)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN / 8; ++i) {
+    Bf16x8 b;
+    *reinterpret_cast<uint4*>(&b) = __ldg(reinterpret_cast<const uint4*>(p) + i);
+    float t[8];
+    b.to_float(t);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[8 * i + j] = t[j];
+  }
+}
+
+// bf16 stacks (moe_experts.h): gate_up {X, 2I, D} interleaved by 8 rows,
+// down {X, D, I}.
+struct Bf16Stacks {
+  static constexpr int kElems = 8;  // weights per 16-byte chunk
+  const __nv_bfloat16 *gate_up, *down;
+
+  __device__ const uint8_t* gate_up_row(int e, int col, bool up, int I, int D) const {
+    const int64_t row = (col / 8) * 16 + (up ? 8 : 0) + col % 8;
+    return reinterpret_cast<const uint8_t*>(gate_up + (int64_t(e) * 2 * I + row) * D);
+  }
+  __device__ const uint8_t* down_row(int e, int d, int I, int D) const {
+    return reinterpret_cast<const uint8_t*>(down + (int64_t(e) * D + d) * I);
+  }
+  __device__ float gate_up_scale(int, int, bool, int, int, int) const { return 1.0f; }
+  __device__ float down_scale(int, int, int, int, int) const { return 1.0f; }
+  __device__ static float dot(uint4 w, const float (&x)[kElems]) {
+    const auto* h = reinterpret_cast<const __nv_bfloat162*>(&w);
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(h[i]);
+      acc = fmaf(f.x, x[2 * i], acc);
+      acc = fmaf(f.y, x[2 * i + 1], acc);
+    }
+    return acc;
+  }
+};
+
+// Block-FP8 stacks (fp8_moe.h): gate_up {X, 2I, D} e4m3 (gate rows, then up
+// rows) with scales {X, 2I/128, D/128}; down {X, D, I} with {X, D/128, I/128}.
+struct Fp8Stacks {
+  static constexpr int kElems = 16;
+  const uint8_t *gate_up, *down;
+  const float *gate_up_scale_, *down_scale_;
+
+  __device__ const uint8_t* gate_up_row(int e, int col, bool up, int I, int D) const {
+    return gate_up + (int64_t(e) * 2 * I + (up ? I : 0) + col) * D;
+  }
+  __device__ const uint8_t* down_row(int e, int d, int I, int D) const { return down + (int64_t(e) * D + d) * I; }
+  // Scale of the 128x128 block holding chunk kc of the row.
+  __device__ float gate_up_scale(int e, int col, bool up, int kc, int I, int D) const {
+    const int row_block = (e * 2 * I + (up ? I : 0) + col) / 128;
+    return __ldg(gate_up_scale_ + int64_t(row_block) * (D / 128) + kc / 8);
+  }
+  __device__ float down_scale(int e, int d, int kc, int I, int D) const {
+    const int row_block = (e * D + d) / 128;
+    return __ldg(down_scale_ + int64_t(row_block) * (I / 128) + kc / 8);
+  }
+  __device__ static float dot(uint4 w, const float (&x)[kElems]) {
+    const auto* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&w);
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3)));
+      acc = fmaf(f.x, x[2 * i], acc);
+      acc = fmaf(f.y, x[2 * i + 1], acc);
+    }
+    return acc;
+  }
+};
+
+template <typename Stacks>
+struct SmallMoeArgs {
+  Stacks w;
+  const __nv_bfloat16* x;  // {T, D}
+  MoeSlots slots;
+  int num_tokens, hidden, inter, down_rows_per_block;
+  __nv_bfloat16* act;  // {T * slots_per_token, I}
+  __nv_bfloat16* out;  // {T, D}
+};
+
+// Block (column tile blockIdx.x, slot blockIdx.y); each warp owns kCols
+// columns (a gate and an up row each).
+template <typename Stacks, int kMaxTok, int kCols>
+__global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kernel(SmallMoeArgs<Stacks> a) {
+  constexpr int kE = Stacks::kElems, kUnroll = 8 / kCols;
+  __shared__ int s_slot[kMaxTok];
+  __shared__ int s_n;
+  const int slot0 = blockIdx.y, per_token = a.slots.per_token(), total = a.num_tokens * per_token;
+  const int expert = a.slots.expert(slot0);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if constexpr (kMaxTok == 1) {
+    if (threadIdx.x == 0) s_slot[0] = slot0, s_n = 1;
+  } else if (warp == 0) {
+    int n = 0;
+    bool later = false;  // an earlier slot has this expert: its block does the work
+    for (int base = 0; base < total; base += 32) {
+      const int i = base + lane;
+      const bool match = i < total && a.slots.expert(i) == expert;
+      const unsigned mask = __ballot_sync(0xffffffffu, match);
+      later |= __any_sync(0xffffffffu, match && i < slot0);
+      const int pos = n + __popc(mask & ((1u << lane) - 1));
+      if (match && pos < kMaxTok) s_slot[pos] = i;
+      n += __popc(mask);
+    }
+    __syncwarp();
+    if (lane == 0) {
+      if (n > kMaxTok) {  // a token chose the expert twice: every slot computes its own row
+        s_slot[0] = slot0;
+        s_n = 1;
+      } else {
+        s_n = later ? 0 : n;
+      }
+    }
+  }
+  __syncthreads();
+  const int n = s_n;
+  const int col0 = (blockIdx.x * kSmallGateUpWarps + warp) * kCols;
+  if (n == 0 || col0 >= a.inter) return;
+
+  const int D = a.hidden, I = a.inter, chunks = D / kE;
+  int slot[kMaxTok];
+  const __nv_bfloat16* xrow[kMaxTok];
+#pragma unroll
+  for (int t = 0; t < kMaxTok; ++t) {
+    slot[t] = t < n ? s_slot[t] : slot0;
+    xrow[t] = a.x + int64_t(slot[t] / per_token) * D;
+  }
+  const uint8_t* row[kCols][2];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row[c][h] = a.w.gate_up_row(expert, min(col0 + c, I - 1), h == 1, I, D);
+
+  float acc[kCols][2][kMaxTok] = {};
+  for (int k0 = 0; k0 < chunks; k0 += 32 * kUnroll) {
+    uint4 wv[kCols][2][kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int kc = k0 + u * 32 + lane;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          wv[c][h][u] = kc < chunks ? load_weights_16(row[c][h] + int64_t(kc) * 16) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int kc = k0 + u * 32 + lane;
+      if (kc >= chunks) break;
+      float scale[kCols][2];
+#pragma unroll
+      for (int c = 0; c < kCols; ++c)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) scale[c][h] = a.w.gate_up_scale(expert, min(col0 + c, I - 1), h == 1, kc, I, D);
+#pragma unroll
+      for (int t = 0; t < kMaxTok; ++t) {
+        if (t >= n) break;
+        float xf[kE];
+        load_bf16_as_f32(xrow[t] + int64_t(kc) * kE, xf);
+#pragma unroll
+        for (int c = 0; c < kCols; ++c)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) acc[c][h][t] = fmaf(Stacks::dot(wv[c][h][u], xf), scale[c][h], acc[c][h][t]);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kMaxTok; ++t) {
+    if (t >= n) break;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const float g = warp_sum(acc[c][0][t]), u = warp_sum(acc[c][1][t]);
+      if (lane == 0 && col0 + c < I)
+        a.act[int64_t(slot[t]) * I + col0 + c] = __float2bfloat16(g / (1.0f + __expf(-g)) * u);
+    }
+  }
+}
+
+// Block: output rows [d0, d0 + rows) of every token. The slots are sorted by
+// (expert, slot) and cut into groups of one expert and distinct tokens;
+// warp w takes groups w, w + kSmallDownWarps, ...: it streams the group's
+// expert rows once (kRowsPerWarp rows at a time) and adds weight * (act[slot]
+// · row) into its own partial sums, which the block adds up in warp order.
+template <typename Stacks, int kMaxTok, int kRowsPerWarp>
+__global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(SmallMoeArgs<Stacks> a) {
+  constexpr int kE = Stacks::kElems, kMaxSlots = kMaxTok * kSmallMaxSlotsPerToken, kUnroll = 16 / kRowsPerWarp;
+  __shared__ int s_expert[kMaxSlots];
+  __shared__ int s_order[kMaxSlots];      // slots sorted by (expert, slot)
+  __shared__ int s_group[kMaxSlots + 1];  // group g: s_order[s_group[g] .. s_group[g + 1])
+  __shared__ int s_num_groups;
+  extern __shared__ float s_partial[];    // [kSmallDownWarps][T][rows]
+  const int per_token = a.slots.per_token(), T = a.num_tokens, total = T * per_token;
+  const int rows = a.down_rows_per_block, d0 = blockIdx.x * rows;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+
+  for (int i = threadIdx.x; i < total; i += blockDim.x) s_expert[i] = a.slots.expert(i);
+  for (int i = threadIdx.x; i < kSmallDownWarps * T * rows; i += blockDim.x) s_partial[i] = 0.0f;
+  __syncthreads();
+  if constexpr (kMaxTok == 1) {
+    // One token: its slots name distinct experts (moe_route's top-k, then the shared ones).
+    for (int i = threadIdx.x; i <= total; i += blockDim.x) {
+      if (i < total) s_order[i] = i;
+      s_group[i] = i;
+    }
+    if (threadIdx.x == 0) s_num_groups = total;
+  } else {
+    for (int i = threadIdx.x; i < total; i += blockDim.x) {
+      const int e = s_expert[i];
+      int rank = 0;
+      for (int q = 0; q < total; ++q) rank += s_expert[q] < e || (s_expert[q] == e && q < i);
+      s_order[rank] = i;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      int groups = 0;
+      for (int base = 0; base < total; base += 32) {
+        const int i = base + lane;
+        bool start = false;
+        if (i < total) {
+          const int cur = s_order[i];
+          const int prev = i > 0 ? s_order[i - 1] : -1;
+          start = i == 0 || s_expert[cur] != s_expert[prev] || cur / per_token == prev / per_token;
+        }
+        const unsigned mask = __ballot_sync(0xffffffffu, start);
+        if (start) s_group[groups + __popc(mask & ((1u << lane) - 1))] = i;
+        groups += __popc(mask);
+      }
+      if (lane == 0) {
+        s_group[groups] = total;
+        s_num_groups = groups;
+      }
+    }
+  }
+  __syncthreads();
+
+  const int D = a.hidden, I = a.inter, chunks = I / kE, groups = s_num_groups;
+  float* partial = s_partial + warp * T * rows;
+  for (int g = warp; g < groups; g += kSmallDownWarps) {
+    const int first = s_group[g], n = s_group[g + 1] - first;  // n <= T <= kMaxTok
+    int slot[kMaxTok];
+    float weight[kMaxTok];
+#pragma unroll
+    for (int t = 0; t < kMaxTok; ++t) {
+      slot[t] = s_order[first + min(t, n - 1)];
+      weight[t] = t < n ? a.slots.weight(slot[t]) : 0.0f;
+    }
+    const int expert = s_expert[slot[0]];
+    for (int r0 = 0; r0 < rows; r0 += kRowsPerWarp) {
+      const uint8_t* row[kRowsPerWarp];
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) row[r] = a.w.down_row(expert, min(d0 + r0 + r, D - 1), I, D);
+      float acc[kRowsPerWarp][kMaxTok] = {};
+      for (int k0 = 0; k0 < chunks; k0 += 32 * kUnroll) {
+        uint4 wv[kRowsPerWarp][kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int kc = k0 + u * 32 + lane;
+#pragma unroll
+          for (int r = 0; r < kRowsPerWarp; ++r)
+            wv[r][u] = kc < chunks ? load_weights_16(row[r] + int64_t(kc) * 16) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int kc = k0 + u * 32 + lane;
+          if (kc >= chunks) break;
+          float scale[kRowsPerWarp];
+#pragma unroll
+          for (int r = 0; r < kRowsPerWarp; ++r) scale[r] = a.w.down_scale(expert, min(d0 + r0 + r, D - 1), kc, I, D);
+#pragma unroll
+          for (int t = 0; t < kMaxTok; ++t) {
+            if (t >= n) break;
+            float af[kE];
+            load_bf16_as_f32(a.act + int64_t(slot[t]) * I + int64_t(kc) * kE, af);
+#pragma unroll
+            for (int r = 0; r < kRowsPerWarp; ++r) acc[r][t] = fmaf(Stacks::dot(wv[r][u], af), scale[r], acc[r][t]);
+          }
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kMaxTok; ++t) {
+        if (t >= n) break;
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r) {
+          const float v = warp_sum(acc[r][t]);
+          if (lane == 0) partial[(slot[t] / per_token) * rows + r0 + r] += weight[t] * v;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < T * rows; i += blockDim.x) {
+    const int t = i / rows, r = i % rows;
+    if (d0 + r >= D) continue;
+    float sum = 0.0f;
+    for (int w = 0; w < kSmallDownWarps; ++w) sum += s_partial[(w * T + t) * rows + r];
+    a.out[int64_t(t) * D + d0 + r] = __float2bfloat16(sum);
+  }
+}
+
+template <typename Stacks, int kMaxTok>
+void launch_small_moe(const SmallMoeArgs<Stacks>& a, int gate_up_cols, int down_rows_per_warp, cudaStream_t stream,
+                      const char* op) {
+  const int slots = a.num_tokens * a.slots.per_token();
+  const int cols_per_block = kSmallGateUpWarps * gate_up_cols;
+  const dim3 gate_up_grid((a.inter + cols_per_block - 1) / cols_per_block, slots);
+  const int gate_up_threads = kSmallGateUpWarps * 32, down_threads = kSmallDownWarps * 32;
+  switch (gate_up_cols) {
+    case 1: moe_small_gate_up_kernel<Stacks, kMaxTok, 1><<<gate_up_grid, gate_up_threads, 0, stream>>>(a); break;
+    case 2: moe_small_gate_up_kernel<Stacks, kMaxTok, 2><<<gate_up_grid, gate_up_threads, 0, stream>>>(a); break;
+    case 4: moe_small_gate_up_kernel<Stacks, kMaxTok, 4><<<gate_up_grid, gate_up_threads, 0, stream>>>(a); break;
+    default: raise_error(std::string(op) + ": gate_up columns per warp must be 1, 2 or 4");
+  }
+  check_launch(op);
+  const int rows = a.down_rows_per_block;
+  const dim3 down_grid((a.hidden + rows - 1) / rows);
+  const size_t smem = sizeof(float) * kSmallDownWarps * a.num_tokens * rows;
+  switch (down_rows_per_warp) {
+    case 1: moe_small_down_kernel<Stacks, kMaxTok, 1><<<down_grid, down_threads, smem, stream>>>(a); break;
+    case 2: moe_small_down_kernel<Stacks, kMaxTok, 2><<<down_grid, down_threads, smem, stream>>>(a); break;
+    case 4: moe_small_down_kernel<Stacks, kMaxTok, 4><<<down_grid, down_threads, smem, stream>>>(a); break;
+    default: raise_error(std::string(op) + ": down rows per warp must be 1, 2 or 4");
+  }
+  check_launch(op);
+}
+
+// Both launches for T <= 8 tokens (kernels instantiated for 1, 2, 4, 8).
+template <typename Stacks>
+void run_small_moe(const SmallMoeArgs<Stacks>& a, int gate_up_cols, int down_rows_per_warp, cudaStream_t stream,
+                   const char* op) {
+  MLA_CUDA_REQUIRE(a.num_tokens >= 1 && a.num_tokens <= 8 && a.slots.per_token() <= kSmallMaxSlotsPerToken &&
+                       a.hidden % Stacks::kElems == 0 && a.inter % Stacks::kElems == 0,
+                   std::string(op) + ": the small path takes 1 to 8 tokens of at most 16 slots");
+  MLA_CUDA_REQUIRE(a.down_rows_per_block > 0 && a.down_rows_per_block <= 64 &&
+                       a.down_rows_per_block % down_rows_per_warp == 0,
+                   std::string(op) + ": down rows per block must be a multiple of the rows per warp, at most 64");
+  if (a.num_tokens <= 1) launch_small_moe<Stacks, 1>(a, gate_up_cols, down_rows_per_warp, stream, op);
+  else if (a.num_tokens <= 2) launch_small_moe<Stacks, 2>(a, gate_up_cols, down_rows_per_warp, stream, op);
+  else if (a.num_tokens <= 4) launch_small_moe<Stacks, 4>(a, gate_up_cols, down_rows_per_warp, stream, op);
+  else launch_small_moe<Stacks, 8>(a, gate_up_cols, down_rows_per_warp, stream, op);
+}
+
+}  // namespace
+}  // namespace mlaserve::cuda
