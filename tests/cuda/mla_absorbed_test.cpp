@@ -112,6 +112,29 @@ TEST(MlaAbsorbed, HeadCountsThatDoNotFillTheTile) {
   EXPECT_LT(run_case({{1}, {40}, 128, 512, 64, 1}, 5), 1e-2);
 }
 
+TEST(MlaAbsorbed, V3HeadCountWithSplitKv) {
+  MLA_SKIP_WITHOUT_GPU();
+  // 128 heads: eight 16-head blocks per token, each merged over its splits.
+  EXPECT_LT(run_case({{1, 1}, {300, 513}, 128, 512, 64, 5}, 8), 1e-2);
+}
+
+TEST(MlaAbsorbed, SplitCountGivesEverySplitRows) {
+  // Splits start on 32-row tile bounds; the chosen count must not leave
+  // splits empty for the context it was chosen for (61 splits of 4096 rows
+  // would be 43 of 96 rows and 18 empty ones).
+  for (int tokens : {1, 2, 8, 32, 128})
+    for (int heads : {16, 128})
+      for (int kv_len : {1, 31, 64, 100, 640, 2049, 4096, 32768}) {
+        const int splits = mla_absorbed_num_splits(tokens, heads, 132, kv_len);
+        ASSERT_GE(splits, 1);
+        const int chunk = ((kv_len + splits - 1) / splits + 31) / 32 * 32;
+        EXPECT_EQ((kv_len + chunk - 1) / chunk, splits)
+            << "tokens " << tokens << ", heads " << heads << ", kv_len " << kv_len;
+      }
+  EXPECT_EQ(mla_absorbed_num_splits(1, 16, 132, 4096), 64);
+  EXPECT_EQ(mla_absorbed_num_splits(128, 16, 132, 4096), 2);
+}
+
 TEST(MlaAbsorbed, ExtendRowsAreCausalWithinTheNewTokens) {
   MLA_SKIP_WITHOUT_GPU();
   EXPECT_LT(run_case({{5, 1, 33}, {5, 9, 90}, 16, 512, 64, 3}, 6), 1e-2);
