@@ -228,8 +228,8 @@ ExpertWeights CudaBackend::stack_experts_bf16(const std::vector<ExpertSource>& s
   const size_t mat = size_t(I * D) * 2, group = size_t(8 * D) * 2;  // bytes of a matrix, of 8 rows
   auto* gu = static_cast<char*>(stacked->gate_up.raw());
   auto* dn = static_cast<char*>(stacked->down.raw());
-  // Non-bf16 weights (dequantized FP8, f16, f32) are converted on the host
-  // once; the copies live until the stack is filled.
+  // Non-bf16 weights (dequantized FP8, f16, f32) are converted on the host;
+  // each expert's copies live until its transfers are done.
   std::unordered_map<const void*, std::vector<uint16_t>> converted;
   auto bf16_bytes = [&](const Weight& w) -> const char* {
     if (w.w.dtype() == DType::BF16) return static_cast<const char*>(w.w.raw());
@@ -260,8 +260,12 @@ ExpertWeights CudaBackend::stack_experts_bf16(const std::vector<ExpertSource>& s
       out.up.push_back({});
       out.down.push_back({Tensor::wrap(dn + x * mat, {D, I}, DType::BF16, Device::CUDA, stacked), {}});
     }
+    if (!converted.empty()) {  // one expert's conversions at a time, not a whole layer's
+      MLA_CUDA_CHECK(cudaStreamSynchronize(stream_), "load_experts");
+      converted.clear();
+    }
   }
-  MLA_CUDA_CHECK(cudaStreamSynchronize(stream_), "load_experts");  // before the converted copies are freed
+  MLA_CUDA_CHECK(cudaStreamSynchronize(stream_), "load_experts");  // pageable sources: done before returning
   out.packed = stacked;
   return out;
 }
