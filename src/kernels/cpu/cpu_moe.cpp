@@ -136,7 +136,8 @@ void moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& to
     y.resize(size_t(T * D));
     linear(x.data<float>(), D, T, s.gate, gate.data(), I);
     linear(x.data<float>(), D, T, s.up, up.data(), I);
-    for (int64_t i = 0; i < T * I; ++i) gate[size_t(i)] = gate[size_t(i)] / (1.0f + std::exp(-gate[size_t(i)])) * up[size_t(i)];
+    for (int64_t i = 0; i < T * I; ++i)
+      gate[size_t(i)] = gate[size_t(i)] / (1.0f + std::exp(-gate[size_t(i)])) * up[size_t(i)];
     linear(gate.data(), I, T, s.down, y.data(), D);
     for (int64_t i = 0; i < T * D; ++i) o[i] += y[size_t(i)];
   }

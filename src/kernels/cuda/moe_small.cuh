@@ -13,6 +13,8 @@
 // Activations stay bf16 (x) / f32 (sums) on both stacks: FP8 weights are
 // dequantized in registers (16 values and one 128x128 block scale a chunk).
 //
+// Both kernels are programmatic dependents (pdl.cuh): each launches during
+// the previous kernel's tail and waits before reading the routing.
 // NOTES: decode is bound by streaming expert weights, so every lane keeps 16
 // 16-byte weight loads in flight (ld.global.nc.L1::no_allocate: read once,
 // kept out of L1, where x and act, which every warp re-reads, stay), and the
@@ -26,6 +28,7 @@
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/moe_align.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace mlaserve::cuda {
 namespace {
@@ -133,6 +136,7 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
   constexpr int kE = Stacks::kElems, kUnroll = 8 / kCols;
   __shared__ int s_slot[kMaxTok];
   __shared__ int s_n;
+  pdl_enter();  // the routing and x come from earlier kernels
   const int slot0 = blockIdx.y, per_token = a.slots.per_token(), total = a.num_tokens * per_token;
   const int expert = a.slots.expert(slot0);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -237,6 +241,7 @@ __global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(Sm
   __shared__ int s_group[kMaxSlots + 1];  // group g: s_order[s_group[g] .. s_group[g + 1])
   __shared__ int s_num_groups;
   extern __shared__ float s_partial[];    // [kSmallDownWarps][T][rows]
+  pdl_enter();  // act comes from the gate_up kernel
   const int per_token = a.slots.per_token(), T = a.num_tokens, total = T * per_token;
   const int rows = a.down_rows_per_block, d0 = blockIdx.x * rows;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -352,22 +357,22 @@ void launch_small_moe(const SmallMoeArgs<Stacks>& a, int gate_up_cols, int down_
   const int cols_per_block = kSmallGateUpWarps * gate_up_cols;
   const dim3 gate_up_grid((a.inter + cols_per_block - 1) / cols_per_block, slots);
   const int gate_up_threads = kSmallGateUpWarps * 32, down_threads = kSmallDownWarps * 32;
-  switch (gate_up_cols) {
-    case 1: moe_small_gate_up_kernel<Stacks, kMaxTok, 1><<<gate_up_grid, gate_up_threads, 0, stream>>>(a); break;
-    case 2: moe_small_gate_up_kernel<Stacks, kMaxTok, 2><<<gate_up_grid, gate_up_threads, 0, stream>>>(a); break;
-    case 4: moe_small_gate_up_kernel<Stacks, kMaxTok, 4><<<gate_up_grid, gate_up_threads, 0, stream>>>(a); break;
-    default: raise_error(std::string(op) + ": gate_up columns per warp must be 1, 2 or 4");
-  }
+  const auto gate_up_kernel = gate_up_cols == 1   ? moe_small_gate_up_kernel<Stacks, kMaxTok, 1>
+                              : gate_up_cols == 2 ? moe_small_gate_up_kernel<Stacks, kMaxTok, 2>
+                              : gate_up_cols == 4 ? moe_small_gate_up_kernel<Stacks, kMaxTok, 4>
+                                                  : nullptr;
+  MLA_CUDA_REQUIRE(gate_up_kernel, std::string(op) + ": gate_up columns per warp must be 1, 2 or 4");
+  launch_dependent(gate_up_kernel, gate_up_grid, gate_up_threads, 0, stream, a);
   check_launch(op);
   const int rows = a.down_rows_per_block;
   const dim3 down_grid((a.hidden + rows - 1) / rows);
   const size_t smem = sizeof(float) * kSmallDownWarps * a.num_tokens * rows;
-  switch (down_rows_per_warp) {
-    case 1: moe_small_down_kernel<Stacks, kMaxTok, 1><<<down_grid, down_threads, smem, stream>>>(a); break;
-    case 2: moe_small_down_kernel<Stacks, kMaxTok, 2><<<down_grid, down_threads, smem, stream>>>(a); break;
-    case 4: moe_small_down_kernel<Stacks, kMaxTok, 4><<<down_grid, down_threads, smem, stream>>>(a); break;
-    default: raise_error(std::string(op) + ": down rows per warp must be 1, 2 or 4");
-  }
+  const auto down_kernel = down_rows_per_warp == 1   ? moe_small_down_kernel<Stacks, kMaxTok, 1>
+                           : down_rows_per_warp == 2 ? moe_small_down_kernel<Stacks, kMaxTok, 2>
+                           : down_rows_per_warp == 4 ? moe_small_down_kernel<Stacks, kMaxTok, 4>
+                                                     : nullptr;
+  MLA_CUDA_REQUIRE(down_kernel, std::string(op) + ": down rows per warp must be 1, 2 or 4");
+  launch_dependent(down_kernel, down_grid, down_threads, smem, stream, a);
   check_launch(op);
 }
 
