@@ -101,7 +101,7 @@ void BM_Sm90MoeBf16(benchmark::State& state) {
   if (skip_without_hopper(state)) return;
   constexpr int kExperts = 64, kHidden = 2048, kInter = 1408, kTopK = 6;
   const int tokens = int(state.range(0));
-  const Sm90GemmVariant variant{int(state.range(1)), -1, int(state.range(2))};
+  const Sm90GemmVariant variant{int(state.range(1)), -1, 0};
   DeviceBuffer x(size_t(tokens) * kHidden * 2), gate_up(size_t(kExperts) * 2 * kInter * kHidden * 2),
       down(size_t(kExperts) * kHidden * kInter * 2), out(size_t(tokens) * kHidden * 2);
   fill_random_bf16(x.get<__nv_bfloat16>(), x.bytes() / 2, 8, nullptr);
@@ -130,7 +130,7 @@ void BM_Sm90MoeFp8(benchmark::State& state) {
   if (skip_without_hopper(state)) return;
   constexpr int kExperts = 256, kHidden = 7168, kInter = 2048, kTopK = 8;
   const int tokens = int(state.range(0));
-  const Sm90GemmVariant variant{0, int(state.range(1)), int(state.range(2))};
+  const Sm90GemmVariant variant{0, int(state.range(1)), 0};
   DeviceBuffer x(size_t(tokens) * kHidden * 2), out(size_t(tokens) * kHidden * 2);
   DeviceBuffer gate_up(size_t(kExperts) * 2 * kInter * kHidden), down(size_t(kExperts) * kHidden * kInter);
   DeviceBuffer gate_up_scale(size_t(kExperts) * (2 * kInter / 128) * (kHidden / 128) * 4),
@@ -164,7 +164,7 @@ void BM_Sm90MoeFp8(benchmark::State& state) {
 void BM_Sm90Fp8Gemm(benchmark::State& state) {
   if (skip_without_hopper(state)) return;
   const int m = int(state.range(0)), n = int(state.range(1)), k = int(state.range(2));
-  const Sm90GemmVariant variant{0, int(state.range(3)), int(state.range(4)), int(state.range(5))};
+  const Sm90GemmVariant variant{0, int(state.range(3)), int(state.range(4))};
   const int64_t ld = fp8_act_scale_ld(m);
   DeviceBuffer x(size_t(m) * k * 2), a(size_t(ld) * k), a_scale(size_t(ld) * (k / 128) * 4);
   DeviceBuffer w(size_t(n) * k), w_scale(size_t((n + 127) / 128) * (k / 128) * 4), out(size_t(m) * n * 2);
@@ -187,18 +187,16 @@ void BM_Sm90Fp8Gemm(benchmark::State& state) {
   report(state, s, 2.0 * m * n * k, kFp8PeakTflops);
 }
 
-// Variant sweeps (Sm90GemmVariant): bf16 {tokens, block_m, wide stores};
-// fp8 {tokens, overlapped promotion, wide stores}; dense {m, n, k, overlapped,
-// wide, block_m}.
+// Variant sweeps (Sm90GemmVariant; 0 / -1: the default): bf16 {tokens,
+// block_m}; fp8 {tokens, overlapped promotion}; dense {m, n, k, overlapped,
+// block_m}.
 void bf16_args(benchmark::internal::Benchmark* b) {
   for (int tokens : {256, 512, 1024, 2048, 4096})
-    for (int block_m : {128, 64})
-      for (int wide : {0, 1}) b->Args({tokens, block_m, wide});
+    for (int block_m : {0, 128, 64}) b->Args({tokens, block_m});
 }
 void fp8_moe_args(benchmark::internal::Benchmark* b) {
   for (int tokens : {512, 4096})
-    for (int overlap : {0, 1})
-      for (int wide : {0, 1}) b->Args({tokens, overlap, wide});
+    for (int overlap : {0, 1}) b->Args({tokens, overlap});
 }
 // V3 shapes {n, k} at M = 4096: q_a, q_b, kv_a, o_proj, shared-expert gate_up
 // and down, dense-MLP gate_up and down.
@@ -206,9 +204,9 @@ void dense_args(benchmark::internal::Benchmark* b) {
   const int shapes[][2] = {{1536, 7168}, {24576, 1536}, {576, 7168}, {7168, 16384},
                            {4096, 7168}, {7168, 2048},  {36864, 7168}, {7168, 18432}};
   for (const auto& s : shapes) {
-    for (int overlap : {0, 1})
-      for (int wide : {0, 1}) b->Args({4096, s[0], s[1], overlap, wide, 64});
-    b->Args({4096, s[0], s[1], 1, 1, 128});
+    b->Args({4096, s[0], s[1], 0, 64});
+    b->Args({4096, s[0], s[1], 1, 64});
+    b->Args({4096, s[0], s[1], 1, 128});
   }
 }
 BENCHMARK(BM_Sm90MoeBf16)->Apply(bf16_args)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);

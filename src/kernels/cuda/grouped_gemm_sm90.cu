@@ -28,17 +28,15 @@ constexpr int kRowBytes = 128, kPieceRows = 64, kThreads = 384;
 
 // bf16, 128 x 256 tiles; the consumer warpgroups split the rows (64 x 256
 // each, one m64n256k16 per 16 of K). 4 stages of 48 KB.
-template <bool kWide>
 struct Bf16Rows128 {
-  static constexpr bool kFp8 = false, kSplitM = true, kWideStores = kWide;
+  static constexpr bool kFp8 = false, kSplitM = true;
   static constexpr int kBlockM = 128, kBlockN = 256, kBlockK = 64, kStages = 4;
 };
 
 // bf16, 64 x 256 tiles; the consumer warpgroups split the columns (64 x 128
 // each, m64n128k16): half the padding of experts' row runs. 5 stages of 40 KB.
-template <bool kWide>
 struct Bf16Rows64 {
-  static constexpr bool kFp8 = false, kSplitM = false, kWideStores = kWide;
+  static constexpr bool kFp8 = false, kSplitM = false;
   static constexpr int kBlockM = 64, kBlockN = 256, kBlockK = 64, kStages = 5;
 };
 
@@ -46,12 +44,11 @@ struct Bf16Rows64 {
 // each), since the per-block promotion holds two or three accumulator sets
 // (partials and totals). 64-row blocks also halve the padding of experts'
 // row runs. 5 stages of 40.25 KB. kOverlapPromotion: two partial sets, so
-// block k is scaled and added while block k + 1 is on the tensor cores.
-// kWideStores (all tiles): the epilogue stores 16 bytes a lane after quad
-// transposes instead of 4 bytes a lane.
-template <bool kOverlap, bool kWide>
+// block k is scaled and added while block k + 1 is on the tensor cores
+// (5-7% faster on V3 shapes; needs an even number of K blocks).
+template <bool kOverlap>
 struct Fp8Tiles {
-  static constexpr bool kFp8 = true, kSplitM = false, kOverlapPromotion = kOverlap, kWideStores = kWide;
+  static constexpr bool kFp8 = true, kSplitM = false, kOverlapPromotion = kOverlap;
   static constexpr int kBlockM = 64, kBlockN = 256, kBlockK = 128, kStages = 5;
 };
 
@@ -59,11 +56,11 @@ struct Fp8Tiles {
 // rows (64 x 128 each, the same wgmma shape): a fifth fewer bytes from L2 per
 // product than 64 x 256. 6 stages of 32.5 KB.
 struct Fp8Rows128 {
-  static constexpr bool kFp8 = true, kSplitM = true, kOverlapPromotion = true, kWideStores = true;
+  static constexpr bool kFp8 = true, kSplitM = true, kOverlapPromotion = true;
   static constexpr int kBlockM = 128, kBlockN = 128, kBlockK = 128, kStages = 6;
 };
 
-static_assert(Fp8Tiles<false, false>::kBlockM == kSm90Fp8BlockM, "the MoE align step pads to the fp8 row tile");
+static_assert(Fp8Tiles<false>::kBlockM == kSm90Fp8BlockM, "the MoE align step pads to the fp8 row tile");
 
 template <class T>
 struct Layout {
@@ -363,17 +360,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int r = row + 8 * h;
       __nv_bfloat16* out_row = args.out + int64_t(r) * args.out_ld + out_col0;
       const int n_left = args.n_out - out_col0;  // output columns of this tile that exist
-      if constexpr (T::kWideStores) {
-        // Quad transposes of 4 groups: lane q stores group 4g + q whole (16 bytes).
+      // Quad transposes of 4 groups: lane q stores group 4g + q whole (16
+      // bytes; 4-byte stores measured up to 10% slower on fp8 shapes).
 #pragma unroll
-        for (int g = 0; g < kGroups; g += 4) {
-          const uint4 chunk = quad_transpose(word[g], word[g + 1], word[g + 2], word[g + 3], lane);
-          if (r < args.m && (g + quad) * 8 < n_left) *reinterpret_cast<uint4*>(out_row + (g + quad) * 8) = chunk;
-        }
-      } else if (r < args.m) {
-#pragma unroll
-        for (int i = 0; i < kGroups; ++i)
-          if (i * 8 < n_left) *reinterpret_cast<uint32_t*>(out_row + i * 8 + 2 * quad) = word[i];
+      for (int g = 0; g < kGroups; g += 4) {
+        const uint4 chunk = quad_transpose(word[g], word[g + 1], word[g + 2], word[g + 3], lane);
+        if (r < args.m && (g + quad) * 8 < n_left) *reinterpret_cast<uint4*>(out_row + (g + quad) * 8) = chunk;
       }
     }
   }
@@ -678,9 +670,16 @@ void check_moe_shape(const Sm90MoeParams& p, const char* op) {
   MLA_CUDA_REQUIRE(sm90_gemm_supported(), std::string(op) + ": needs a compute capability 9.0 (Hopper) GPU");
 }
 
-// The measured best variants (bench_grouped_gemm on an H200).
-int bf16_block_m(const Sm90GemmVariant& v) { return v.bf16_block_m ? v.bf16_block_m : 128; }
-bool wide_stores(const Sm90GemmVariant& v) { return v.wide_stores != 0; }
+// The measured best variants (bench_grouped_gemm on an H200, docs/sm90_gemm.md).
+// bf16 rows: the tile that pads each expert's mean row count least, 128 on
+// a tie (more efficient tiles); v2-lite: 64 below ~1024 and at 2048 tokens.
+int bf16_block_m(const Sm90MoeParams& p) {
+  if (p.variant.bf16_block_m) return p.variant.bf16_block_m;
+  const int64_t slots = int64_t(p.num_tokens) * (p.top_k + p.num_shared);
+  const int64_t mean_rows = (slots + p.num_experts + p.num_shared - 1) / (p.num_experts + p.num_shared);
+  const int64_t padded128 = (mean_rows + 127) / 128 * 128, padded64 = (mean_rows + 63) / 64 * 64;
+  return padded64 < padded128 ? 64 : 128;
+}
 // The overlapped promotion runs K blocks in pairs.
 bool fp8_overlapped(const Sm90GemmVariant& v, int k) {
   const int k_blocks = k / kFp8Group;
@@ -732,15 +731,10 @@ template <Epilogue kEpi>
 void launch_fp8_gemm(const Sm90GemmVariant& v, const CUtensorMap& map_a, const CUtensorMap& map_w,
                      const CUtensorMap& map_a_scale, const GemmArgs& args, int max_m_blocks, cudaStream_t stream,
                      const char* op) {
-  const bool overlap = fp8_overlapped(v, args.k), wide = wide_stores(v);
-  if (overlap && wide)
-    launch_gemm<Fp8Tiles<true, true>, kEpi>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
-  else if (overlap)
-    launch_gemm<Fp8Tiles<true, false>, kEpi>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
-  else if (wide)
-    launch_gemm<Fp8Tiles<false, true>, kEpi>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
+  if (fp8_overlapped(v, args.k))
+    launch_gemm<Fp8Tiles<true>, kEpi>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
   else
-    launch_gemm<Fp8Tiles<false, false>, kEpi>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
+    launch_gemm<Fp8Tiles<false>, kEpi>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
 }
 
 void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
@@ -795,7 +789,8 @@ void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
 }
 
 void run_fp8_gemm(const Sm90Fp8GemmParams& p, cudaStream_t stream) {
-  const int block_m = p.variant.fp8_block_m ? p.variant.fp8_block_m : kSm90Fp8BlockM;
+  // 128 x 128 tiles measured 2-19% faster than 64 x 256 on every V3 shape.
+  const int block_m = p.variant.fp8_block_m ? p.variant.fp8_block_m : 128;
   MLA_CUDA_REQUIRE(block_m == 64 || block_m == 128, "fp8_gemm_sm90: fp8_block_m must be 64 or 128");
   GemmArgs g;
   g.m = p.m;
@@ -830,21 +825,20 @@ bool sm90_gemm_supported() {
 
 size_t moe_experts_sm90_workspace_bytes(const Sm90MoeParams& p) {
   size_t bytes = 0;
-  carve_bf16(nullptr, moe_rows(p, bf16_block_m(p.variant)), p.hidden, p.inter, &bytes);
+  carve_bf16(nullptr, moe_rows(p, bf16_block_m(p)), p.hidden, p.inter, &bytes);
   return bytes;
 }
 
 void moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
   check_moe_shape(p, "moe_experts_sm90");
-  const int block_m = bf16_block_m(p.variant);
+  const int block_m = bf16_block_m(p);
   MLA_CUDA_REQUIRE(block_m == 128 || block_m == 64,
                    "moe_experts_sm90: bf16_block_m must be 128 or 64, not " + std::to_string(block_m));
   if (p.num_tokens == 0) return;
-  const bool wide = wide_stores(p.variant);
   if (block_m == 128)
-    wide ? run_bf16_moe<Bf16Rows128<true>>(p, workspace, stream) : run_bf16_moe<Bf16Rows128<false>>(p, workspace, stream);
+    run_bf16_moe<Bf16Rows128>(p, workspace, stream);
   else
-    wide ? run_bf16_moe<Bf16Rows64<true>>(p, workspace, stream) : run_bf16_moe<Bf16Rows64<false>>(p, workspace, stream);
+    run_bf16_moe<Bf16Rows64>(p, workspace, stream);
 }
 
 size_t fp8_moe_experts_sm90_workspace_bytes(const Sm90MoeParams& p) {

@@ -36,10 +36,9 @@ constexpr int kSm90Fp8BlockM = 64;
 // Kernel variants (the benchmark and the tests sweep them); zero / negative
 // values pick the measured best.
 struct Sm90GemmVariant {
-  int bf16_block_m = 0;  // 128: 128 x 256 tiles; 64: 64 x 256 tiles (less padding per expert)
+  int bf16_block_m = 0;  // 128: 128 x 256 tiles; 64: 64 x 256 tiles (less padding per expert); 0: by shape
   int fp8_overlap_promotion = -1;  // 1: block k is scaled and added while block k + 1 multiplies; 0: in turn
-  int wide_stores = -1;            // 1: epilogue stores 16 bytes a lane (quad transposes); 0: 4 bytes a lane
-  int fp8_block_m = 0;  // dense fp8 only: 64 (64 x 256 tiles) or 128 (128 x 128, overlapped and wide only)
+  int fp8_block_m = 0;  // dense fp8 only: 64 (64 x 256 tiles) or 128 (128 x 128, overlapped); 0: 128
 };
 
 // MoE experts of one layer. Slots: each token has top_k + num_shared slots;
