@@ -229,10 +229,10 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
 }
 
 // Block: output rows [d0, d0 + rows) of every token. The slots are sorted by
-// (expert, slot) and cut into groups of one expert and distinct tokens;
-// warp w takes groups w, w + kSmallDownWarps, ...: it streams the group's
-// expert rows once (kRowsPerWarp rows at a time) and adds weight * (act[slot]
-// · row) into its own partial sums, which the block adds up in warp order.
+// (expert, slot) and cut into groups of one expert and distinct tokens; a
+// warp streams kRowsPerWarp rows of a group's expert at a time, once for all
+// the group's slots, and adds weight * (act[slot] · row) into its own
+// partial sums, which the block adds up in warp order.
 template <typename Stacks, int kMaxTok, int kRowsPerWarp>
 __global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(SmallMoeArgs<Stacks> a) {
   constexpr int kE = Stacks::kElems, kMaxSlots = kMaxTok * kSmallMaxSlotsPerToken, kUnroll = 16 / kRowsPerWarp;
@@ -288,7 +288,12 @@ __global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(Sm
 
   const int D = a.hidden, I = a.inter, chunks = I / kE, groups = s_num_groups;
   float* partial = s_partial + warp * T * rows;
-  for (int g = warp; g < groups; g += kSmallDownWarps) {
+  // Work items (group, batch of kRowsPerWarp rows) go round-robin over the
+  // warps, so 9 groups (V3: 8 routed + 1 shared) do not leave one warp twice
+  // the work of the others.
+  const int batches = rows / kRowsPerWarp;
+  for (int item = warp; item < groups * batches; item += kSmallDownWarps) {
+    const int g = item / batches, r0 = (item % batches) * kRowsPerWarp;
     const int first = s_group[g], n = s_group[g + 1] - first;  // n <= T <= kMaxTok
     int slot[kMaxTok];
     float weight[kMaxTok];
@@ -298,45 +303,43 @@ __global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(Sm
       weight[t] = t < n ? a.slots.weight(slot[t]) : 0.0f;
     }
     const int expert = s_expert[slot[0]];
-    for (int r0 = 0; r0 < rows; r0 += kRowsPerWarp) {
-      const uint8_t* row[kRowsPerWarp];
+    const uint8_t* row[kRowsPerWarp];
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) row[r] = a.w.down_row(expert, min(d0 + r0 + r, D - 1), I, D);
-      float acc[kRowsPerWarp][kMaxTok] = {};
-      for (int k0 = 0; k0 < chunks; k0 += 32 * kUnroll) {
-        uint4 wv[kRowsPerWarp][kUnroll];
+    for (int r = 0; r < kRowsPerWarp; ++r) row[r] = a.w.down_row(expert, min(d0 + r0 + r, D - 1), I, D);
+    float acc[kRowsPerWarp][kMaxTok] = {};
+    for (int k0 = 0; k0 < chunks; k0 += 32 * kUnroll) {
+      uint4 wv[kRowsPerWarp][kUnroll];
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int kc = k0 + u * 32 + lane;
+      for (int u = 0; u < kUnroll; ++u) {
+        const int kc = k0 + u * 32 + lane;
 #pragma unroll
-          for (int r = 0; r < kRowsPerWarp; ++r)
-            wv[r][u] = kc < chunks ? load_weights_16(row[r] + int64_t(kc) * 16) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int kc = k0 + u * 32 + lane;
-          if (kc >= chunks) break;
-          float scale[kRowsPerWarp];
-#pragma unroll
-          for (int r = 0; r < kRowsPerWarp; ++r) scale[r] = a.w.down_scale(expert, min(d0 + r0 + r, D - 1), kc, I, D);
-#pragma unroll
-          for (int t = 0; t < kMaxTok; ++t) {
-            if (t >= n) break;
-            float af[kE];
-            load_bf16_as_f32(a.act + int64_t(slot[t]) * I + int64_t(kc) * kE, af);
-#pragma unroll
-            for (int r = 0; r < kRowsPerWarp; ++r) acc[r][t] = fmaf(Stacks::dot(wv[r][u], af), scale[r], acc[r][t]);
-          }
-        }
+        for (int r = 0; r < kRowsPerWarp; ++r)
+          wv[r][u] = kc < chunks ? load_weights_16(row[r] + int64_t(kc) * 16) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
-      for (int t = 0; t < kMaxTok; ++t) {
-        if (t >= n) break;
+      for (int u = 0; u < kUnroll; ++u) {
+        const int kc = k0 + u * 32 + lane;
+        if (kc >= chunks) break;
+        float scale[kRowsPerWarp];
 #pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) {
-          const float v = warp_sum(acc[r][t]);
-          if (lane == 0) partial[(slot[t] / per_token) * rows + r0 + r] += weight[t] * v;
+        for (int r = 0; r < kRowsPerWarp; ++r) scale[r] = a.w.down_scale(expert, min(d0 + r0 + r, D - 1), kc, I, D);
+#pragma unroll
+        for (int t = 0; t < kMaxTok; ++t) {
+          if (t >= n) break;
+          float af[kE];
+          load_bf16_as_f32(a.act + int64_t(slot[t]) * I + int64_t(kc) * kE, af);
+#pragma unroll
+          for (int r = 0; r < kRowsPerWarp; ++r) acc[r][t] = fmaf(Stacks::dot(wv[r][u], af), scale[r], acc[r][t]);
         }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kMaxTok; ++t) {
+      if (t >= n) break;
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const float v = warp_sum(acc[r][t]);
+        if (lane == 0) partial[(slot[t] / per_token) * rows + r0 + r] += weight[t] * v;
       }
     }
   }
