@@ -292,7 +292,8 @@ TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
 
 // Ragged M and N (partial row block, N not a multiple of the 256-wide tile
 // nor of 128, as kv_a's 576), and a shape with several tiles and K blocks.
-INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Fp8Gemm, ::testing::Values(DenseShape{100, 576, 512}, DenseShape{300, 1024, 1024}));
+INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Fp8Gemm,
+                         ::testing::Values(DenseShape{100, 576, 512}, DenseShape{300, 1024, 1024}));
 
 }  // namespace
 }  // namespace mlaserve::cuda::testing

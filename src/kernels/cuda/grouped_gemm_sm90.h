@@ -6,10 +6,12 @@
 //
 //   bf16: 128 x 256 tiles (each consumer warpgroup 64 x 256) or 64 x 256
 //         (each 64 x 128), K blocks of 64.
-//   fp8:  64 x 256 tiles (each consumer warpgroup 64 x 128), K blocks of 128;
-//         e4m3 x e4m3 wgmma accumulates one 128-wide K block, then the f32
-//         totals add it times (activation scale of the row) x (weight scale
-//         of the 128 x 128 block), DeepSeek's 1x128 / 128x128 scheme.
+//   fp8:  64 x 256 tiles (MoE; each consumer warpgroup 64 x 128) or 128 x 128
+//         (dense; each 64 x 128), K blocks of 128; e4m3 x e4m3 wgmma
+//         accumulates one 128-wide K block, then the f32 totals add it times
+//         (activation scale of the row) x (weight scale of the 128 x 128
+//         block), DeepSeek's 1x128 / 128x128 scheme; that promotion runs
+//         while the next K block is on the tensor cores.
 //
 // Rows are not gathered by the GEMM: TMA loads rectangles, so the MoE entry
 // points first copy (bf16) or quantize (fp8) x into expert-sorted order, each
@@ -18,7 +20,10 @@
 //
 // Only for compute capability 9.0 (sm90_gemm_supported()); the callers keep
 // their portable paths for other GPUs and for short (decode) batches, where
-// padding every expert to 128 or 64 rows wastes the work.
+// padding every expert to 128 or 64 rows wastes the work. Measured on an
+// H200 (docs/sm90_gemm.md): the bf16 path beats moe_experts()' grouped
+// mma.sync path from about 512 tokens at v2-lite (equal at 256), 1.74x at
+// 4096; the fp8 path beats fp8_moe_experts() by 9x at 4096 tokens of V3.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
