@@ -1,7 +1,5 @@
 #include "kernels/cuda/fp8_kv_cache.h"
 
-#include <string>
-
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/fp8_common.cuh"
@@ -50,28 +48,42 @@ __global__ void fp8_kv_load_kernel(Fp8KvLayout layout, const uint8_t* cache, con
     Bf16x8::load(rope + c).store(dst + layout.kv_lora_rank + c);
 }
 
-void check_layout(const Fp8KvLayout& l) {
-  MLA_CUDA_REQUIRE(l.kv_lora_rank > 0 && l.kv_lora_rank % kFp8Group == 0 && l.rope_dim >= 0 && l.rope_dim % 8 == 0,
-                   "fp8 kv cache: kv_lora_rank " + std::to_string(l.kv_lora_rank) +
-                       " must be a multiple of 128 and rope_dim " +
-                       std::to_string(l.rope_dim) + " a multiple of 8");
+// Any layout (tiny test models): one warp per row, a value at a time.
+__global__ void fp8_kv_store_generic_kernel(Fp8KvLayout layout, const __nv_bfloat16* rows, const int32_t* slots,
+                                            uint8_t* cache) {
+  const int64_t t = blockIdx.x;
+  store_fp8_kv_row(rows + t * layout.row_width(), layout, cache + int64_t(slots[t]) * layout.slot_bytes());
+}
+
+__global__ void fp8_kv_load_generic_kernel(Fp8KvLayout layout, const uint8_t* cache, const int32_t* slots,
+                                           __nv_bfloat16* out) {
+  const int64_t i = blockIdx.x;
+  const uint8_t* slot = cache + int64_t(slots[i]) * layout.slot_bytes();
+  for (int c = threadIdx.x; c < layout.row_width(); c += blockDim.x)
+    out[i * layout.row_width() + c] = __float2bfloat16_rn(load_fp8_kv_value(slot, layout, c));
 }
 
 }  // namespace
 
 void fp8_kv_store(const Fp8KvLayout& layout, const __nv_bfloat16* rows, const int32_t* slots, int64_t num_rows,
                   uint8_t* cache, cudaStream_t stream) {
-  check_layout(layout);
+  check_fp8_kv_layout(layout);
   if (num_rows == 0) return;
-  fp8_kv_store_kernel<<<num_rows, kThreads, 0, stream>>>(layout, rows, slots, cache);
+  if (fp8_kv_is_vectorizable(layout))
+    fp8_kv_store_kernel<<<num_rows, kThreads, 0, stream>>>(layout, rows, slots, cache);
+  else
+    fp8_kv_store_generic_kernel<<<num_rows, 32, 0, stream>>>(layout, rows, slots, cache);
   check_launch("fp8 kv store");
 }
 
 void fp8_kv_load(const Fp8KvLayout& layout, const uint8_t* cache, const int32_t* slots, int64_t num_rows,
                  __nv_bfloat16* out, cudaStream_t stream) {
-  check_layout(layout);
+  check_fp8_kv_layout(layout);
   if (num_rows == 0) return;
-  fp8_kv_load_kernel<<<num_rows, 64, 0, stream>>>(layout, cache, slots, out);
+  if (fp8_kv_is_vectorizable(layout))
+    fp8_kv_load_kernel<<<num_rows, 64, 0, stream>>>(layout, cache, slots, out);
+  else
+    fp8_kv_load_generic_kernel<<<num_rows, 64, 0, stream>>>(layout, cache, slots, out);
   check_launch("fp8 kv load");
 }
 

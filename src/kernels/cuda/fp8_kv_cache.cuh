@@ -1,10 +1,13 @@
 #pragma once
-// Reading the FP8 latent cache (fp8_kv_cache.h) inside attention kernels:
-// 8 channels of c_kv at a time, dequantized with their group's scale.
+// Writing and reading the FP8 latent cache (kernels/fp8_kv_layout.h) inside
+// kernels: the attention kernels dequantize 8 channels of c_kv at a time;
+// the generic forms serve any layout (tiny test models) one value at a time.
 #include <cuda_fp8.h>
 
 #include <cstdint>
 
+#include "kernels/cuda/bf16_vec.cuh"
+#include "kernels/cuda/fp8_common.cuh"
 #include "kernels/cuda/fp8_kv_cache.h"
 
 namespace mlaserve::cuda {
@@ -13,7 +16,7 @@ namespace mlaserve::cuda {
 __device__ __forceinline__ void load_fp8_kv_latent8(const uint8_t* slot, const Fp8KvLayout& layout, int c,
                                                     float (&v)[8]) {
   const uint2 q = *reinterpret_cast<const uint2*>(slot + c);
-  const float s = reinterpret_cast<const float*>(slot + layout.scale_offset())[c / 128];
+  const float s = reinterpret_cast<const float*>(slot + layout.scale_offset())[c / kFp8KvGroup];
   const uint32_t words[2] = {q.x, q.y};
 #pragma unroll
   for (int w = 0; w < 2; ++w) {
@@ -25,6 +28,34 @@ __device__ __forceinline__ void load_fp8_kv_latent8(const uint8_t* slot, const F
       v[4 * w + 2 * h + 1] = f.y * s;
     }
   }
+}
+
+// Value c of a slot's row [c_kv | k_pe] (c < L + R) as f32, any layout.
+__device__ __forceinline__ float load_fp8_kv_value(const uint8_t* slot, const Fp8KvLayout& layout, int c) {
+  if (c < layout.kv_lora_rank)
+    return e4m3_to_float(slot[c]) * reinterpret_cast<const float*>(slot + layout.scale_offset())[c / kFp8KvGroup];
+  return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(slot + layout.rope_offset())[c - layout.kv_lora_rank]);
+}
+
+// slot = fp8(row) for one bf16 row{L + R} (global or shared memory), by the
+// whole block (blockDim.x a multiple of 32): warp w quantizes groups w,
+// w + warps, ... Any layout; the arithmetic of quantize_group_16lanes.
+__device__ inline void store_fp8_kv_row(const __nv_bfloat16* row, const Fp8KvLayout& layout, uint8_t* slot) {
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  auto* scales = reinterpret_cast<float*>(slot + layout.scale_offset());
+  for (int g = warp; g < layout.num_groups(); g += warps) {
+    const int c0 = g * kFp8KvGroup, n = min(kFp8KvGroup, layout.kv_lora_rank - c0);
+    float amax = 0.0f;
+    for (int i = lane; i < n; i += 32) amax = fmaxf(amax, fabsf(__bfloat162float(row[c0 + i])));
+    amax = warp_max(amax);
+    const float s = fmaxf(amax, kFp8KvScaleEps) / kFp8KvMax;
+    const float inv = 1.0f / s;
+    for (int i = lane; i < n; i += 32)
+      slot[c0 + i] = __nv_cvt_float_to_fp8(__bfloat162float(row[c0 + i]) * inv, __NV_SATFINITE, __NV_E4M3);
+    if (lane == 0) scales[g] = s;
+  }
+  auto* rope = reinterpret_cast<__nv_bfloat16*>(slot + layout.rope_offset());
+  for (int i = threadIdx.x; i < layout.rope_dim; i += blockDim.x) rope[i] = row[layout.kv_lora_rank + i];
 }
 
 }  // namespace mlaserve::cuda
