@@ -1,6 +1,7 @@
 #include "kernels/mla_prepare_dims.h"
 
 #include "core/error.h"
+#include "kernels/fp8_kv_layout.h"
 
 namespace mlaserve {
 namespace {
@@ -32,9 +33,13 @@ MlaPrepareDims check_mla_prepare(const MlaPrepare& p, const Tensor& positions, c
   if (d.latent_write) {
     MLA_CHECK(p.kv_norm.defined() && p.kv_norm.numel() > 0, "mla_prepare: the latent write needs kv_norm");
     d.latent = p.kv_norm.numel();
-    MLA_CHECK(p.cache.ndim() == 2 && p.cache.dim(1) == d.latent + d.rope,
-              "mla_prepare: cache {} must be {{slots, {}}} (L {} + R {})", shape_str(p.cache.shape()),
-              d.latent + d.rope, d.latent, d.rope);
+    // An FP8 cache (U8) holds Fp8KvLayout slots of the same rows.
+    const int64_t slot_width = p.cache.dtype() == DType::U8
+                                   ? Fp8KvLayout{int(d.latent), int(d.rope)}.slot_bytes()
+                                   : d.latent + d.rope;
+    MLA_CHECK(p.cache.ndim() == 2 && p.cache.dim(1) == slot_width,
+              "mla_prepare: cache {} {} must be {{slots, {}}} (L {} + R {})", dtype_name(p.cache.dtype()),
+              shape_str(p.cache.shape()), slot_width, d.latent, d.rope);
     MLA_CHECK(out_slots.defined() && out_slots.dtype() == DType::I32 && out_slots.numel() == d.tokens,
               "mla_prepare: out_slots must be I32 with one slot for each of the {} tokens", d.tokens);
     check_source(p.kv, "kv", d.tokens, p.kv_col, d.latent + d.rope);

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "kernels/cpu/cpu_fp8_kv_cache.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/mla_prepare_dims.h"
 
@@ -44,7 +45,7 @@ void mla_prepare(const MlaPrepare& p, const Tensor& positions, const Tensor& out
   std::vector<float> kv_norm, q_a_norm;
   if (d.latent_write) {
     check_f32_act(p.kv, "kv");
-    check_f32_act(p.cache, "cache");
+    if (p.cache.dtype() != DType::U8) check_f32_act(p.cache, "cache");  // U8: an FP8 cache (shape checked)
     kv_norm.resize(size_t(d.latent));
     to_f32(p.kv_norm, 0, d.latent, kv_norm.data());
     for (int64_t t = 0; t < d.tokens; ++t) {
@@ -65,9 +66,12 @@ void mla_prepare(const MlaPrepare& p, const Tensor& positions, const Tensor& out
     if (p.q_nope_out.defined()) check_f32_act(p.q_nope_out, "q_nope_out");
   }
   const int64_t R = d.rope, F = R / 2, Dn = d.nope;
+  const bool fp8_cache = d.latent_write && p.cache.dtype() == DType::U8;
+  const Fp8KvLayout fp8_layout{int(d.latent), int(R)};
   const float* freq = inv_freq.data<float>();
   parallel_for(d.tokens, 4, [&](int64_t b, int64_t e) {
     std::vector<float> cs(static_cast<size_t>(R));
+    std::vector<float> fp8_row(fp8_cache ? size_t(d.latent + R) : 0);  // the row before quantization
     for (int64_t t = b; t < e; ++t) {
       const float pos = float(positions.data<int32_t>()[t]);
       for (int64_t i = 0; i < F; ++i) {
@@ -77,9 +81,11 @@ void mla_prepare(const MlaPrepare& p, const Tensor& positions, const Tensor& out
       }
       if (d.latent_write) {
         const float* src = f32_row(p.kv, t) + p.kv_col;
-        float* row = p.cache.data<float>() + int64_t(out_slots.data<int32_t>()[t]) * (d.latent + R);
+        const int64_t slot = out_slots.data<int32_t>()[t];
+        float* row = fp8_cache ? fp8_row.data() : p.cache.data<float>() + slot * (d.latent + R);
         rms_norm_row(src, kv_norm, p.eps, row);
         rope_pairs(src + d.latent, cs, row + d.latent);
+        if (fp8_cache) fp8_kv_store_row(row, fp8_layout, p.cache.data<uint8_t>() + slot * fp8_layout.slot_bytes());
       }
       if (d.q_a_norm)
         rms_norm_row(f32_row(p.q_a, t) + p.q_a_col, q_a_norm, p.eps, p.q_a_out.data<float>() + t * d.q_a);

@@ -4,12 +4,14 @@
 
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/fp8_kv_cache.cuh"
 
 namespace mlaserve::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxFreqs = 256;
+constexpr int kMaxFp8Row = 1024;  // L + R of an FP8 cache row
 enum Part { kLatentWrite = 0, kQaNorm = 1, kQSplit = 2, kParts = 3 };
 
 // out[i] = x[i] * inv_rms * w[i], rms_norm_kernel's arithmetic (scalar
@@ -40,7 +42,7 @@ __global__ void __launch_bounds__(kThreads) mla_prepare_kernel(MlaPrepareParams 
     if (p.q_a_out) norm_row(p.q_a + t * p.q_a_stride, p.q_a_norm, p.q_a_dim, p.eps, p.q_a_out + t * p.q_a_dim);
     return;
   }
-  if ((part == kLatentWrite && !p.cache) || (part == kQSplit && !p.q_pe_out)) return;
+  if ((part == kLatentWrite && !p.cache && !p.fp8_cache) || (part == kQSplit && !p.q_pe_out)) return;
 
   // cos/sin of this token's angles, formed in f32 as rope_kernel does.
   __shared__ float cs[2 * kMaxFreqs];
@@ -56,10 +58,16 @@ __global__ void __launch_bounds__(kThreads) mla_prepare_kernel(MlaPrepareParams 
 
   if (part == kLatentWrite) {
     const __nv_bfloat16* src = p.kv + t * p.kv_stride;
-    __nv_bfloat16* row = p.cache + int64_t(p.out_slots[t]) * (p.latent_dim + R);
+    __shared__ __nv_bfloat16 fp8_row[kMaxFp8Row];  // the bf16 row an FP8 cache quantizes
+    __nv_bfloat16* row = p.fp8_cache ? fp8_row : p.cache + int64_t(p.out_slots[t]) * (p.latent_dim + R);
     norm_row(src, p.kv_norm, p.latent_dim, p.eps, row);
     for (int i = threadIdx.x; i < p.num_freqs; i += blockDim.x)
       rotate_pair(src + p.latent_dim, cs, i, row + p.latent_dim);
+    if (p.fp8_cache) {
+      __syncthreads();
+      const Fp8KvLayout layout{p.latent_dim, R};
+      store_fp8_kv_row(fp8_row, layout, p.fp8_cache + int64_t(p.out_slots[t]) * layout.slot_bytes());
+    }
     return;
   }
 
@@ -83,7 +91,10 @@ void mla_prepare(const MlaPrepareParams& p, cudaStream_t stream) {
   MLA_CUDA_REQUIRE(p.num_freqs > 0 && p.num_freqs <= kMaxFreqs,
                    "mla_prepare: " + std::to_string(p.num_freqs) + " rope frequencies (1 to " +
                        std::to_string(kMaxFreqs) + " supported)");
-  if (p.num_tokens == 0 || !(p.cache || p.q_a_out || p.q_pe_out)) return;
+  MLA_CUDA_REQUIRE(!p.fp8_cache || p.latent_dim + 2 * p.num_freqs <= kMaxFp8Row,
+                   "mla_prepare: fp8 cache rows of " + std::to_string(p.latent_dim + 2 * p.num_freqs) +
+                       " values (at most " + std::to_string(kMaxFp8Row) + " supported)");
+  if (p.num_tokens == 0 || !(p.cache || p.fp8_cache || p.q_a_out || p.q_pe_out)) return;
   mla_prepare_kernel<<<dim3(unsigned(p.num_tokens), kParts), kThreads, 0, stream>>>(p);
   check_launch("mla_prepare");
 }

@@ -24,6 +24,9 @@ struct MlaPrepareParams {
   const __nv_bfloat16* kv = nullptr;
   const __nv_bfloat16* kv_norm = nullptr;  // {L}
   __nv_bfloat16* cache = nullptr;          // {S, L + R}
+  // Or an FP8 cache (kernels/fp8_kv_layout.h) of the same rows: the row is
+  // formed in bf16 as for the bf16 cache, then quantized (cache is null).
+  uint8_t* fp8_cache = nullptr;  // {S, Fp8KvLayout{L, R}.slot_bytes()}
   int64_t kv_stride = 0;
   int latent_dim = 0;
 
