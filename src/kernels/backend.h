@@ -176,9 +176,15 @@ class Backend {
   // dst[r, dst_col : dst_col + n] = src[r, src_col : src_col + n]. Splits and
   // concatenations of MLA's q / latent rows without strided tensors.
   virtual void copy_columns(const Tensor& src, int64_t src_col, Tensor dst, int64_t dst_col, int64_t n) = 0;
-  // cache[slots[t]] = rows[t] for rows{T, W}, cache{S, W}
+  // The latent cache (mla_prepare, scatter/gather_rows, the absorbed
+  // attention) is either {S, L + R} of act_dtype or, for an FP8 cache
+  // (--kv-cache-dtype fp8_e4m3), U8 {S, slot_bytes} of kernels/fp8_kv_layout.h
+  // slots [L e4m3 c_kv | ceil(L/128) f32 scales | R bf16 k_pe]; every op
+  // dispatches on the cache tensor's dtype, writing quantizes and reading
+  // dequantizes to act_dtype.
+  // cache[slots[t]] = rows[t] for rows{T, W}, cache{S, W} (or FP8 slots of rows{T, L + R})
   virtual void scatter_rows(Tensor cache, const Tensor& rows, const Tensor& slots) = 0;
-  // out[i] = cache[slots[i]]
+  // out[i] = cache[slots[i]] (an FP8 cache's slots dequantized)
   virtual void gather_rows(const Tensor& cache, const Tensor& slots, Tensor out) = 0;
   // Per-head matmul: out{T, H, No}[:, :, :N] = x{T, H, Kx}[:, :, :K] · w[h]
   // where w is {H, K, N} (transpose_w = false) or {H, N, K} (transpose_w =

@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "core/thread_pool.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_fp8_kv_cache.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_sampling.h"
 
@@ -263,6 +265,7 @@ class CpuBackend final : public Backend {
 
   void scatter_rows(Tensor cache, const Tensor& rows, const Tensor& slots) override {
     check_i32(slots, "scatter_rows", "slots");
+    if (cache.dtype() == DType::U8) return scatter_fp8_rows(cache, rows, slots);
     const int64_t W = cache.dim(1), S = cache.dim(0);
     MLA_CHECK(rows.dtype() == cache.dtype() && rows.dim(-1) == W && row_count(rows) == slots.numel(),
               "scatter_rows: rows {} into cache {} at {} slots", shape_str(rows.shape()), shape_str(cache.shape()),
@@ -278,6 +281,7 @@ class CpuBackend final : public Backend {
 
   void gather_rows(const Tensor& cache, const Tensor& slots, Tensor out) override {
     check_i32(slots, "gather_rows", "slots");
+    if (cache.dtype() == DType::U8) return gather_fp8_rows(cache, slots, out);
     const int64_t W = cache.dim(-1), S = row_count(cache);
     MLA_CHECK(out.dtype() == cache.dtype() && out.dim(-1) == W && row_count(out) == slots.numel(),
               "gather_rows: {} slots of {} into {}", slots.numel(), shape_str(cache.shape()), shape_str(out.shape()));
@@ -318,8 +322,20 @@ class CpuBackend final : public Backend {
   void mla_attention_absorbed(const Tensor& q, const Tensor& cache, const DeviceBatch& batch, float scale,
                               Tensor out) override {
     check_f32(q, "mla_attention_absorbed", "q");
-    check_f32(cache, "mla_attention_absorbed", "cache");
     check_f32(out, "mla_attention_absorbed", "out");
+    if (cache.dtype() == DType::U8) {
+      // FP8 cache: the batch's kv rows dequantized in kv_slots order, then
+      // the same attention over slots 0 .. Lk - 1.
+      const int64_t Lk = int64_t(batch.host.kv_slots.size());
+      Tensor rows = alloc({Lk, q.dim(2)}, DType::F32);
+      Tensor slots = Tensor::wrap(const_cast<int32_t*>(batch.host.kv_slots.data()), {Lk}, DType::I32, Device::CPU);
+      gather_fp8_rows(cache, slots, rows);
+      ForwardBatch dense = batch.host;
+      std::iota(dense.kv_slots.begin(), dense.kv_slots.end(), 0);
+      cpu::mla_attention_absorbed(q, rows, dense, scale, out);
+      return;
+    }
+    check_f32(cache, "mla_attention_absorbed", "cache");
     cpu::mla_attention_absorbed(q, cache, batch.host, scale, out);
   }
 
@@ -369,6 +385,34 @@ class CpuBackend final : public Backend {
       for (int64_t r = begin; r < end; ++r)
         ids.data<int32_t>()[r] = cpu::sample_row(logits.data<float>() + r * V, V, rows[size_t(r)]);
     });
+  }
+
+ private:
+  // FP8 cache (U8 {S, slot_bytes}) <-> f32 rows {n, L + R}: the layout follows
+  // from the row width and the slot size.
+  static Fp8KvLayout fp8_layout_of(const Tensor& cache, const Tensor& rows, const char* op) {
+    MLA_CHECK(cache.ndim() == 2 && rows.dtype() == DType::F32 && rows.device() == Device::CPU,
+              "{}: an FP8 cache {} needs CPU F32 rows, got {} {}", op, shape_str(cache.shape()),
+              dtype_name(rows.dtype()), shape_str(rows.shape()));
+    return fp8_kv_layout_for(rows.dim(-1), cache.dim(1));
+  }
+  static void scatter_fp8_rows(Tensor cache, const Tensor& rows, const Tensor& slots) {
+    const Fp8KvLayout l = fp8_layout_of(cache, rows, "scatter_rows");
+    MLA_CHECK(row_count(rows) == slots.numel(), "scatter_rows: {} rows at {} slots", row_count(rows), slots.numel());
+    for (int64_t i = 0; i < slots.numel(); ++i) {
+      const int32_t s = slots.data<int32_t>()[i];
+      MLA_CHECK(s >= 0 && s < cache.dim(0), "scatter_rows: slot {} outside the cache's {} slots", s, cache.dim(0));
+      cpu::fp8_kv_store_row(rows.data<float>() + i * l.row_width(), l, cache.data<uint8_t>() + s * l.slot_bytes());
+    }
+  }
+  static void gather_fp8_rows(const Tensor& cache, const Tensor& slots, Tensor out) {
+    const Fp8KvLayout l = fp8_layout_of(cache, out, "gather_rows");
+    MLA_CHECK(row_count(out) == slots.numel(), "gather_rows: {} slots into {}", slots.numel(), shape_str(out.shape()));
+    for (int64_t i = 0; i < slots.numel(); ++i) {
+      const int32_t s = slots.data<int32_t>()[i];
+      MLA_CHECK(s >= 0 && s < cache.dim(0), "gather_rows: slot {} outside the {} rows", s, cache.dim(0));
+      cpu::fp8_kv_load_row(cache.data<uint8_t>() + s * l.slot_bytes(), l, out.data<float>() + i * l.row_width());
+    }
   }
 };
 

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/fp8_kv_cache.h"
 #include "kernels/cuda/fp8_linear.h"
 #include "kernels/cuda/fp8_moe.h"
 #include "kernels/cuda/fp8_quant.h"
@@ -534,6 +535,14 @@ void CudaBackend::copy_columns(const Tensor& src, int64_t src_col, Tensor dst, i
 }
 
 void CudaBackend::scatter_rows(Tensor cache, const Tensor& rows, const Tensor& slots) {
+  if (cache.dtype() == DType::U8) {  // FP8 cache: quantize the bf16 rows into their slots
+    check_dev(cache, DType::U8, "scatter_rows", "cache");
+    MLA_CHECK(cache.ndim() == 2 && row_count(rows) == slots.numel(), "scatter_rows: rows {} into cache {} at {} slots",
+              shape_str(rows.shape()), shape_str(cache.shape()), slots.numel());
+    cuda::fp8_kv_store(fp8_kv_layout_for(rows.dim(-1), cache.dim(1)), bf(rows, "scatter_rows", "rows"),
+                       i32(slots, "scatter_rows", "slots"), slots.numel(), cache.data<uint8_t>(), stream_);
+    return;
+  }
   const int64_t W = cache.dim(-1);
   MLA_CHECK(rows.dtype() == cache.dtype() && rows.dim(-1) == W && row_count(rows) == slots.numel(),
             "scatter_rows: rows {} into cache {} at {} slots", shape_str(rows.shape()), shape_str(cache.shape()),
@@ -543,6 +552,14 @@ void CudaBackend::scatter_rows(Tensor cache, const Tensor& rows, const Tensor& s
 }
 
 void CudaBackend::gather_rows(const Tensor& cache, const Tensor& slots, Tensor out) {
+  if (cache.dtype() == DType::U8) {  // FP8 cache: dequantize the slots to bf16 rows
+    check_dev(cache, DType::U8, "gather_rows", "cache");
+    MLA_CHECK(cache.ndim() == 2 && row_count(out) == slots.numel(), "gather_rows: {} slots of {} into {}",
+              slots.numel(), shape_str(cache.shape()), shape_str(out.shape()));
+    cuda::fp8_kv_load(fp8_kv_layout_for(out.dim(-1), cache.dim(1)), cache.data<uint8_t>(),
+                      i32(slots, "gather_rows", "slots"), slots.numel(), bf(out, "gather_rows", "out"), stream_);
+    return;
+  }
   const int64_t W = cache.dim(-1);
   MLA_CHECK(out.dtype() == cache.dtype() && out.dim(-1) == W && row_count(out) == slots.numel(),
             "gather_rows: {} slots of {} into {}", slots.numel(), shape_str(cache.shape()), shape_str(out.shape()));
@@ -577,7 +594,12 @@ void CudaBackend::mla_prepare(const MlaPrepare& mp, const Tensor& positions, con
     p.kv = bf(mp.kv, "mla_prepare", "kv") + mp.kv_col;
     p.kv_stride = mp.kv.dim(-1);
     p.kv_norm = as_bf16(mp.kv_norm, "mla_prepare");
-    p.cache = bf(mp.cache, "mla_prepare", "cache");
+    if (mp.cache.dtype() == DType::U8) {
+      check_dev(mp.cache, DType::U8, "mla_prepare", "cache");
+      p.fp8_cache = mp.cache.data<uint8_t>();
+    } else {
+      p.cache = bf(mp.cache, "mla_prepare", "cache");
+    }
     p.latent_dim = int(d.latent);
   }
   if (d.q_a_norm) {
@@ -605,12 +627,19 @@ void CudaBackend::mla_prepare(const MlaPrepare& mp, const Tensor& positions, con
 void CudaBackend::mla_attention_absorbed(const Tensor& q, const Tensor& cache, const DeviceBatch& batch, float scale,
                                          Tensor out) {
   const int64_t T = q.dim(0), H = q.dim(1), L = out.dim(2), R = q.dim(2) - L;
-  MLA_CHECK(T == batch.num_tokens && cache.dim(-1) == L + R && out.shape() == Shape({T, H, L}),
-            "mla_attention_absorbed: q {}, cache {}, out {} for {} tokens", shape_str(q.shape()),
-            shape_str(cache.shape()), shape_str(out.shape()), batch.num_tokens);
+  const bool fp8_cache = cache.dtype() == DType::U8;  // an FP8 cache of Fp8KvLayout{L, R} slots
+  const int64_t slot_width = fp8_cache ? Fp8KvLayout{int(L), int(R)}.slot_bytes() : L + R;
+  MLA_CHECK(T == batch.num_tokens && cache.dim(-1) == slot_width && out.shape() == Shape({T, H, L}),
+            "mla_attention_absorbed: q {}, cache {} {}, out {} for {} tokens", shape_str(q.shape()),
+            dtype_name(cache.dtype()), shape_str(cache.shape()), shape_str(out.shape()), batch.num_tokens);
   MlaAbsorbedParams p;
   p.q = bf(q, "mla_attention_absorbed", "q");
-  p.cache = bf(cache, "mla_attention_absorbed", "cache");
+  if (fp8_cache) {
+    check_dev(cache, DType::U8, "mla_attention_absorbed", "cache");
+    p.fp8_cache = cache.data<uint8_t>();
+  } else {
+    p.cache = bf(cache, "mla_attention_absorbed", "cache");
+  }
   p.q_indptr = i32(batch.q_indptr, "mla_attention_absorbed", "q_indptr");
   p.kv_indptr = i32(batch.kv_indptr, "mla_attention_absorbed", "kv_indptr");
   p.kv_slots = i32(batch.kv_slots, "mla_attention_absorbed", "kv_slots");

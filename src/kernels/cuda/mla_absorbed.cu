@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/fp8_kv_cache.cuh"
 #include "kernels/cuda/mma_sm80.cuh"
 
 namespace mlaserve::cuda {
@@ -76,7 +77,12 @@ __device__ __forceinline__ int swizzle_chunk(int chunk, int row) { return chunk 
 // one run: 2 stages and 3 stages at two blocks per SM within 1% of each
 // other (the gain is the cheaper tile, not more bytes in flight); 4-6 stages
 // at one block per SM 25% slower.
-template <int kL, int kR, int kStages, int kBlocksPerSm>
+//
+// kFp8: the cache holds FP8 slots (fp8_kv_cache.h). cp.async brings the raw
+// slots (656 bytes at V3 widths) through the ring instead; after a tile lands
+// the block dequantizes it into one bf16 tile of the layout above (a third
+// barrier per tile), and the MMA part is unchanged.
+template <int kL, int kR, int kStages, int kBlocksPerSm, bool kFp8>
 __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) mla_absorbed_mma_kernel(MlaAbsorbedParams p) {
   constexpr int kD = kL + kR, kLatentSteps = kL / 32, kQkSteps = kLatentSteps + kR / 32;
   constexpr int kDimsPerWarp = kL / kWarps, kNTiles = kDimsPerWarp / 8;
@@ -86,9 +92,15 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) mla_absorbed_mma_ke
                 "each warp's latent and rope halves start on 8-chunk swizzle boundaries");
   static_assert(kStages >= 2, "a ring needs two stages");
 
+  constexpr Fp8KvLayout kFp8Layout{kL, kR};
+  constexpr int kFp8SlotChunks = int(kFp8Layout.slot_bytes() / 16);
+  static_assert(!kFp8 || fp8_kv_is_vectorizable(kFp8Layout), "16-byte copies of whole FP8 slots");
+  // bf16: kStages tiles; FP8: one bf16 tile, then kStages raw slot tiles.
+  constexpr int kBf16Tiles = kFp8 ? 1 : kStages;
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  auto* kv_s = reinterpret_cast<__nv_bfloat16*>(smem_raw);                   // [kStages][kBlockN][kD]
-  auto* score_x = reinterpret_cast<float4*>(kv_s + kStages * kBlockN * kD);  // [kWarps][2 n-tiles][32 lanes]
+  auto* kv_s = reinterpret_cast<__nv_bfloat16*>(smem_raw);                      // [kBf16Tiles][kBlockN][kD]
+  auto* score_x = reinterpret_cast<float4*>(kv_s + kBf16Tiles * kBlockN * kD);  // [kWarps][2 n-tiles][32 lanes]
+  auto* raw_s = reinterpret_cast<uint8_t*>(score_x + kWarps * 2 * 32);         // FP8: [kStages][kBlockN][slot]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c2 = (lane % 4) * 2;
@@ -126,6 +138,17 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) mla_absorbed_mma_ke
   static_assert(kLoadersPerRow == 4, "two chunk residues per loader");
   const int load_x[2] = {swizzle_chunk(load_chunk0, load_row), swizzle_chunk(load_chunk0 + 4, load_row)};
   auto load_tile = [&](int64_t slot, int buf) {
+    if constexpr (kFp8) {
+      uint8_t* dst = raw_s + (buf * kBlockN + load_row) * kFp8Layout.slot_bytes();
+      const uint8_t* src = p.fp8_cache + (slot >= 0 ? slot : 0) * kFp8Layout.slot_bytes();
+#pragma unroll
+      for (int i = 0; i < (kFp8SlotChunks + kLoadersPerRow - 1) / kLoadersPerRow; ++i) {
+        const int chunk = load_chunk0 + kLoadersPerRow * i;
+        // Zero-filled rows past the split dequantize to 0 (0 bytes times scale 0).
+        if (chunk < kFp8SlotChunks) cp_async_16(dst + chunk * 16, src + chunk * 16, slot >= 0 ? 16 : 0);
+      }
+      return;
+    }
     __nv_bfloat16* dst = kv_s + (buf * kBlockN + load_row) * kD;
     const __nv_bfloat16* src = p.cache + (slot >= 0 ? slot : 0) * kD;
 #pragma unroll
@@ -198,7 +221,7 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) mla_absorbed_mma_ke
   const float scale_log2 = p.scale * kLog2e;
 
   for (int it = 0; it < num_tiles; ++it) {
-    const __nv_bfloat16* tile_s = kv_s + (it % kStages) * kBlockN * kD;
+    const __nv_bfloat16* tile_s = kv_s + (kFp8 ? 0 : (it % kStages) * kBlockN * kD);
     cp_async_wait<kStages - 2>();
     // After this barrier every warp is done with tile it - 1: its buffer and
     // the score exchange may be overwritten.
@@ -208,6 +231,25 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) mla_absorbed_mma_ke
       if (ahead < num_tiles) load_tile(next_slot, ahead % kStages);
       cp_async_commit();
       next_slot = slot_of(ahead + 1);  // consumed next iteration: latency hidden
+    }
+    if constexpr (kFp8) {
+      // Raw tile -> the bf16 tile: this thread's row, every 4th 8-value chunk.
+      const uint8_t* raw = raw_s + ((it % kStages) * kBlockN + load_row) * kFp8Layout.slot_bytes();
+      __nv_bfloat16* dst = kv_s + load_row * kD;
+#pragma unroll
+      for (int i = 0; i < kL / 8 / kLoadersPerRow; ++i) {
+        const int chunk = load_chunk0 + kLoadersPerRow * i;
+        float v[8];
+        load_fp8_kv_latent8(raw, kFp8Layout, chunk * 8, v);
+        Bf16x8::from_float(v).store(dst + swizzle_chunk(chunk, load_row) * 8);
+      }
+#pragma unroll
+      for (int i = 0; i < kR / 8 / kLoadersPerRow; ++i) {
+        const int chunk = kL / 8 + load_chunk0 + kLoadersPerRow * i;
+        *reinterpret_cast<uint4*>(dst + swizzle_chunk(chunk, load_row) * 8) =
+            *reinterpret_cast<const uint4*>(raw + kFp8Layout.rope_offset() + (chunk - kL / 8) * 16);
+      }
+      __syncthreads();
     }
 
     // Partial S{16 heads, this warp's 16 rows} over its half of the dims;
@@ -393,18 +435,22 @@ __global__ void mla_absorbed_reference_kernel(MlaAbsorbedParams p) {
   extern __shared__ float acc[];  // [L]
   const int t = blockIdx.x / p.num_heads, h = blockIdx.x % p.num_heads;
   const int D = p.latent_dim + p.rope_dim;
+  const Fp8KvLayout layout{p.latent_dim, p.rope_dim};
   const TokenRange range = token_range(p, t);
   const __nv_bfloat16* q = p.q + (int64_t(t) * p.num_heads + h) * D;
   for (int d = threadIdx.x; d < p.latent_dim; d += blockDim.x) acc[d] = 0.0f;
   float m = -INFINITY, l = 0.0f;
   for (int j = 0; j < range.attend; ++j) {
-    const __nv_bfloat16* row = p.cache + int64_t(p.kv_slots[range.kv_begin + j]) * D;
+    const int64_t slot = p.kv_slots[range.kv_begin + j];
+    auto value = [&](int d) {
+      return p.fp8_cache ? load_fp8_kv_value(p.fp8_cache + slot * layout.slot_bytes(), layout, d)
+                         : __bfloat162float(p.cache[slot * D + d]);
+    };
     float dot = 0.0f;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) dot += __bfloat162float(q[d]) * __bfloat162float(row[d]);
+    for (int d = threadIdx.x; d < D; d += blockDim.x) dot += __bfloat162float(q[d]) * value(d);
     const float s = block_sum(dot) * p.scale;
     const float m_new = fmaxf(m, s), alpha = __expf(m - m_new), w = __expf(s - m_new);
-    for (int d = threadIdx.x; d < p.latent_dim; d += blockDim.x)
-      acc[d] = acc[d] * alpha + w * __bfloat162float(row[d]);
+    for (int d = threadIdx.x; d < p.latent_dim; d += blockDim.x) acc[d] = acc[d] * alpha + w * value(d);
     l = l * alpha + w;
     m = m_new;
   }
@@ -412,9 +458,13 @@ __global__ void mla_absorbed_reference_kernel(MlaAbsorbedParams p) {
     p.out[(int64_t(t) * p.num_heads + h) * p.latent_dim + d] = __float2bfloat16(l > 0.0f ? acc[d] / l : 0.0f);
 }
 
-template <int kL, int kR, int kStages>
+template <int kL, int kR, int kStages, bool kFp8>
 constexpr size_t mma_smem_bytes() {
-  return sizeof(__nv_bfloat16) * kStages * kBlockN * (kL + kR) + sizeof(float4) * kWarps * 2 * 32;
+  const size_t exchange = sizeof(float4) * kWarps * 2 * 32;
+  if (kFp8)
+    return sizeof(__nv_bfloat16) * kBlockN * (kL + kR) + exchange +
+           size_t(kStages) * kBlockN * Fp8KvLayout{kL, kR}.slot_bytes();
+  return sizeof(__nv_bfloat16) * kStages * kBlockN * (kL + kR) + exchange;
 }
 
 // The decode pipeline: two 32-row stages, two blocks per SM (2 x 76 KB).
@@ -422,10 +472,10 @@ constexpr int kDecodeStages = 2, kDecodeBlocksPerSm = 2;
 
 // The tensor-core kernel and, for split-KV, the merge (launched as a
 // programmatic dependent so that its launch overlaps the attention grid).
-template <int kStages, int kBlocksPerSm>
+template <int kStages, int kBlocksPerSm, bool kFp8>
 void launch_mma(const MlaAbsorbedParams& p, cudaStream_t stream) {
-  auto kernel = mla_absorbed_mma_kernel<512, 64, kStages, kBlocksPerSm>;
-  constexpr size_t smem = mma_smem_bytes<512, 64, kStages>();
+  auto kernel = mla_absorbed_mma_kernel<512, 64, kStages, kBlocksPerSm, kFp8>;
+  constexpr size_t smem = mma_smem_bytes<512, 64, kStages, kFp8>();
   static bool attribute_set = false;  // once per process and variant
   if (!attribute_set) {
     MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
@@ -501,7 +551,10 @@ void mla_attention_absorbed(const MlaAbsorbedParams& p, cudaStream_t stream) {
                        std::to_string(kMaxSplits) + "]");
   MLA_CUDA_REQUIRE(p.num_splits == 1 || (p.partial_out && p.partial_lse),
                    std::string("mla_attention_absorbed: split-KV needs workspace"));
-  launch_mma<kDecodeStages, kDecodeBlocksPerSm>(p, stream);
+  if (p.fp8_cache)
+    launch_mma<kDecodeStages, kDecodeBlocksPerSm, true>(p, stream);
+  else
+    launch_mma<kDecodeStages, kDecodeBlocksPerSm, false>(p, stream);
 }
 
 }  // namespace mlaserve::cuda

@@ -18,6 +18,10 @@ namespace mlaserve::cuda {
 struct MlaAbsorbedParams {
   const __nv_bfloat16* q = nullptr;      // {T, H, L + R}
   const __nv_bfloat16* cache = nullptr;  // {S, L + R}
+  // Or an FP8 cache (kernels/fp8_kv_layout.h, Fp8KvLayout{L, R}) with cache
+  // null: slots are dequantized to bf16 tiles in shared memory, so decode
+  // reads 656 instead of 1152 bytes a token at V3 widths.
+  const uint8_t* fp8_cache = nullptr;
   const int32_t* q_indptr = nullptr;     // {B + 1}
   const int32_t* kv_indptr = nullptr;    // {B + 1}
   const int32_t* kv_slots = nullptr;     // {kv_indptr[B]}
