@@ -27,6 +27,7 @@ struct BenchOneBatchOptions {
   std::string model_path = "models/tiny";
   std::string device = "auto";
   bool disable_cuda_graph = false;
+  std::string kv_cache_dtype = "auto";
   int batch_size = 1;
   int input_len = 1024;
   int output_len = 16;
@@ -75,13 +76,15 @@ int run_bench_one_batch(const BenchOneBatchOptions& o) {
   graphs.enabled = !o.disable_cuda_graph && backend->device() == Device::CUDA;
   graphs.batch_sizes = {o.batch_size};
   graphs.max_kv_len = slots_per_seq;
-  runtime::DeepseekModelRunner runner(model, o.batch_size * slots_per_seq, graphs);
+  const KvCacheDtype kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
+  runtime::DeepseekModelRunner runner(model, o.batch_size * slots_per_seq, graphs, kv_dtype);
 
   runtime::Rng rng(o.seed);
   std::vector<std::vector<int32_t>> prompts(size_t(o.batch_size));
   for (auto& p : prompts)
     for (int i = 0; i < o.input_len; ++i) p.push_back(int32_t(rng.next_u64() % uint64_t(c.vocab_size)));
-  fmt::print("[{}] batch {}, input {}, output {}\n", backend->name(), o.batch_size, o.input_len, o.output_len);
+  fmt::print("[{}] batch {}, input {}, output {}, kv cache {}\n", backend->name(), o.batch_size, o.input_len,
+             o.output_len, kv_cache_dtype_name(kv_dtype));
   const auto t0 = Clock::now();
   // Greedy, as sglang.bench_one_batch: the argmax runs on the device and only the ids come back.
   std::vector<int32_t> tokens = runner.forward_greedy(runtime::static_prefill_batch(prompts, slots_per_seq));
@@ -91,7 +94,7 @@ int run_bench_one_batch(const BenchOneBatchOptions& o) {
 
   std::vector<int32_t> lens(size_t(o.batch_size), o.input_len);
   std::vector<double> decode_s;
-  const size_t kv_bpt = runtime::kv_bytes_per_token(c, backend->act_dtype());
+  const size_t kv_bpt = runtime::kv_bytes_per_token(c, backend->act_dtype(), kv_dtype);
   for (int step = 0; step + 1 < o.output_len; ++step) {
     const auto ts = Clock::now();
     tokens = runner.forward_greedy(runtime::static_decode_batch(tokens, lens, slots_per_seq));
@@ -145,6 +148,9 @@ CommandRegistration bench_one_batch_command(
       app.add_option("--device", o->device, "cpu, cuda or auto")
           ->capture_default_str()
           ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+      app.add_option("--kv-cache-dtype", o->kv_cache_dtype, "latent cache dtype: auto (= activations), bf16 or fp8_e4m3")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"auto", "bf16", "fp8_e4m3"}));
       app.add_option("--batch-size", o->batch_size)->capture_default_str();
       app.add_option("--input-len", o->input_len)->capture_default_str();
       app.add_option("--output-len", o->output_len, "tokens per sequence, the first from the prefill")

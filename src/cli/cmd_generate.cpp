@@ -29,6 +29,7 @@ struct GenerateOptions {
   bool json = false;
   bool ignore_eos = false;
   std::string mla_mode = "auto";
+  std::string kv_cache_dtype = "auto";
 };
 
 std::vector<int32_t> parse_ids(const std::string& s) {
@@ -58,6 +59,7 @@ MlaMode parse_mla_mode(const std::string& s) {
 int run_generate(GenerateOptions o) {
   MLA_CHECK(o.prompt.empty() != o.input_ids.empty(), "give exactly one of --prompt and --input-ids");
   o.engine.mla_mode = parse_mla_mode(o.mla_mode);
+  o.engine.kv_cache_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
   o.engine.max_running_requests = 1;
   runtime::LoadedEngine loaded(o.engine);
   const ModelConfig& c = loaded.config();
@@ -138,6 +140,9 @@ CommandRegistration generate_command(
           ->capture_default_str()
           ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
       app.add_flag("--disable-cuda-graph", o->engine.disable_cuda_graph, "run decode steps eagerly on CUDA");
+      app.add_option("--kv-cache-dtype", o->kv_cache_dtype, "latent cache dtype: auto (= activations), bf16 or fp8_e4m3")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"auto", "bf16", "fp8_e4m3"}));
       app.add_option("--mla-mode", o->mla_mode, "auto (expanded prefill, absorbed decode), absorbed or expanded")
           ->capture_default_str()
           ->check(CLI::IsMember({"auto", "absorbed", "expanded"}));

@@ -96,7 +96,8 @@ int run_serve(const ServeOptions& o) {
 
   spdlog::info("model {} ({}, {} layers, vocab {}) on {}", o.engine.model_path, c.architecture_name,
                c.num_hidden_layers, c.vocab_size, loaded.backend().name());
-  spdlog::info("KV cache: {} tokens ({} pages of {}), {:.1f} MiB, {} bytes per token", kv.tokens, kv.num_pages,
+  spdlog::info("KV cache ({}): {} tokens ({} pages of {}), {:.1f} MiB, {} bytes per token",
+               kv_cache_dtype_name(o.engine.kv_cache_dtype), kv.tokens, kv.num_pages,
                o.engine.page_size, double(kv.tokens) * double(kv.bytes_per_token) / (1 << 20), kv.bytes_per_token);
   spdlog::info("chat template {}, tool-call parser {}, reasoning parser {}",
                chat::chat_template_name(api.chat_template), o.tool_call_parser.empty() ? "(default)" : o.tool_call_parser,
@@ -116,6 +117,7 @@ CommandRegistration serve_command("serve", "serve the OpenAI-compatible HTTP API
   auto mem_fraction = std::make_shared<double>(0.85);
   auto max_total = std::make_shared<int64_t>(0);
   auto context = std::make_shared<int>(0);
+  auto kv_dtype = std::make_shared<std::string>("auto");
   app.add_option("--model-path", e.model_path, "checkpoint directory")->capture_default_str();
   app.add_option("--host", o->host)->capture_default_str();
   app.add_option("--port", o->port, "0 picks a free port (printed at startup)")->capture_default_str();
@@ -127,6 +129,9 @@ CommandRegistration serve_command("serve", "serve the OpenAI-compatible HTTP API
   auto* mem_opt = app.add_option("--mem-fraction-static", *mem_fraction,
                                  "fraction of device memory for weights + KV cache")->capture_default_str();
   auto* total_opt = app.add_option("--max-total-tokens", *max_total, "KV cache size in tokens (overrides the fraction)");
+  app.add_option("--kv-cache-dtype", *kv_dtype, "latent cache dtype: auto (= activations), bf16 or fp8_e4m3")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "bf16", "fp8_e4m3"}));
   app.add_option("--max-running-requests", e.max_running_requests)->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--max-queued-requests", e.max_queued_requests, "beyond this, requests get 503 + Retry-After")
       ->capture_default_str()
@@ -159,6 +164,7 @@ CommandRegistration serve_command("serve", "serve the OpenAI-compatible HTTP API
     if (mem_opt->count()) o->engine.mem_fraction_static = *mem_fraction;
     if (total_opt->count()) o->engine.max_total_tokens = *max_total;
     if (context_opt->count()) o->engine.context_length = *context;
+    o->engine.kv_cache_dtype = parse_kv_cache_dtype(*kv_dtype);
     return run_serve(*o);
   };
 });

@@ -5,12 +5,13 @@
 
 namespace mlaserve::runtime {
 
-DeepseekModelRunner::DeepseekModelRunner(DeepseekModel& model, int num_slots, const CudaGraphSettings& graphs)
+DeepseekModelRunner::DeepseekModelRunner(DeepseekModel& model, int num_slots, const CudaGraphSettings& graphs,
+                                         KvCacheDtype kv_cache_dtype)
     : model_(model) {
   const bool want_graphs = graphs.enabled && !graphs.batch_sizes.empty();
   // One extra row past the scheduler's slots: the padding sequences of a
   // replayed graph write and read there, never touching a real request.
-  kv_cache_ = allocate_kv_cache(model.backend(), model.config(), num_slots + (want_graphs ? 1 : 0));
+  kv_cache_ = allocate_kv_cache(model.backend(), model.config(), num_slots + (want_graphs ? 1 : 0), kv_cache_dtype);
   if (want_graphs) {
     DecodeGraphOptions opt;
     opt.batch_sizes = graphs.batch_sizes;

@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/cuda_graph_runner.h"
 #include "model/deepseek_model.h"
+#include "model/kv_cache.h"
 #include "runtime/model_runner.h"
 
 namespace mlaserve::runtime {
@@ -20,7 +21,8 @@ struct CudaGraphSettings {
 
 class DeepseekModelRunner : public ModelRunner {
  public:
-  DeepseekModelRunner(DeepseekModel& model, int num_slots, const CudaGraphSettings& graphs = {false, {}, 0});
+  DeepseekModelRunner(DeepseekModel& model, int num_slots, const CudaGraphSettings& graphs = {false, {}, 0},
+                      KvCacheDtype kv_cache_dtype = KvCacheDtype::Auto);
   int vocab_size() const override { return model_.config().vocab_size; }
   Tensor forward(const ForwardBatch& batch) override;
   std::vector<int32_t> forward_greedy(const ForwardBatch& batch) override;

@@ -36,7 +36,8 @@ LoadedEngine::LoadedEngine(const EngineArgs& a)
   if (a.mem_fraction_static) kr.mem_fraction_static = *a.mem_fraction_static;
   kr.page_size = a.page_size;
   kr.device = backend_->device();
-  kr.cache_dtype = backend_->act_dtype();
+  kr.act_dtype = backend_->act_dtype();
+  kr.kv_cache_dtype = a.kv_cache_dtype;
   kr.weight_bytes = checkpoint_.total_bytes();
   kv_ = plan_kv_capacity(c, kr);
 
@@ -61,7 +62,7 @@ LoadedEngine::LoadedEngine(const EngineArgs& a)
                                                      std::min(a.cuda_graph_max_bs, a.max_running_requests))
                                                : a.cuda_graph_bs;
   graphs.max_kv_len = int(std::min<int64_t>(s.context_length, kv_.tokens));
-  auto runner = std::make_unique<DeepseekModelRunner>(*model_, int(kv_.tokens), graphs);
+  auto runner = std::make_unique<DeepseekModelRunner>(*model_, int(kv_.tokens), graphs, a.kv_cache_dtype);
   graph_batch_sizes_ = runner->graph_batch_sizes();
   if (!graph_batch_sizes_.empty())
     spdlog::info("CUDA graphs captured for decode batch sizes {}", fmt::join(graph_batch_sizes_, ","));

@@ -22,6 +22,7 @@ struct EngineArgs {
   MlaMode mla_mode = MlaMode::Auto;
   std::optional<double> mem_fraction_static;
   std::optional<int64_t> max_total_tokens;
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::Auto;  // --kv-cache-dtype
   int max_running_requests = 256;
   int chunked_prefill_size = 8192;
   std::optional<int> context_length;

@@ -33,14 +33,14 @@ size_t device_memory_bytes(Device d) {
 
 }  // namespace
 
-size_t kv_bytes_per_token(const ModelConfig& c, DType cache_dtype) {
-  return size_t(c.num_hidden_layers) * size_t(c.kv_cache_width()) * dtype_size(cache_dtype);
+size_t kv_bytes_per_token(const ModelConfig& c, DType act_dtype, KvCacheDtype d) {
+  return size_t(c.num_hidden_layers) * kv_cache_format(c, act_dtype, d).slot_bytes();
 }
 
 KvCapacity plan_kv_capacity(const ModelConfig& c, const KvCapacityRequest& r) {
   MLA_CHECK(r.page_size >= 1, "--page-size must be >= 1, got {}", r.page_size);
   KvCapacity k;
-  k.bytes_per_token = kv_bytes_per_token(c, r.cache_dtype);
+  k.bytes_per_token = kv_bytes_per_token(c, r.act_dtype, r.kv_cache_dtype);
   int64_t tokens;
   if (r.max_total_tokens) {
     MLA_CHECK(*r.max_total_tokens >= r.page_size, "--max-total-tokens {} is less than one page of {} tokens",

@@ -7,6 +7,7 @@
 
 #include "core/tensor.h"
 #include "io/model_config.h"
+#include "model/kv_cache.h"
 
 namespace mlaserve::runtime {
 
@@ -15,7 +16,8 @@ struct KvCapacityRequest {
   double mem_fraction_static = 0.85;
   int page_size = 1;
   Device device = Device::CPU;
-  DType cache_dtype = DType::F32;
+  DType act_dtype = DType::F32;  // the backend's activations (what auto means)
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::Auto;
   size_t weight_bytes = 0;
 };
 
@@ -26,7 +28,8 @@ struct KvCapacity {
   size_t device_memory = 0;  // what the fraction was taken of (0 when not used)
 };
 
-size_t kv_bytes_per_token(const ModelConfig& c, DType cache_dtype);
+// All layers' cache bytes for one token (an fp8 cache's slots included).
+size_t kv_bytes_per_token(const ModelConfig& c, DType act_dtype, KvCacheDtype d);
 // Throws mlaserve::Error when nothing fits (naming the numbers).
 KvCapacity plan_kv_capacity(const ModelConfig& c, const KvCapacityRequest& r);
 
