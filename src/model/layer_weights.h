@@ -23,7 +23,8 @@ struct MlaWeights {
   std::optional<Weight> kv_a_proj_with_mqa;      // {L + R, D}, unless fused
   Tensor kv_a_layernorm;                         // {L}
   Weight kv_b_proj;                              // {H * (Dn + Dv), L}
-  // kv_b_proj split per head for the absorbed form, dequantized to f32:
+  // kv_b_proj split per head for the absorbed form, dequantized, in the
+  // backend's activation dtype (f32 on the CPU, bf16 on CUDA):
   Tensor w_uk;                                   // {H, Dn, L}
   Tensor w_uv;                                   // {H, Dv, L}
   Weight o_proj;                                 // {D, H * Dv}
