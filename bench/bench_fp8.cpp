@@ -208,7 +208,7 @@ void BM_Fp8Moe(benchmark::State& state) {
   const double expert_bytes = 3.0 * kHidden * kMoeInter,
                weight_bytes = expert_bytes * double(touched.size() + size_t(shared));
   state.counters["experts_touched"] = double(touched.size() + size_t(shared));
-  state.counters["small_path"] = fp8_moe_path(p) == MoePath::Small;
+  state.counters["path"] = int(fp8_moe_path(p));  // MoePath: 1 grouped, 2 small, 3 sm90
   state.counters["block_m"] = fp8_moe_block_m(tokens, kTopK + shared, kExperts + shared);
   report(state, s, weight_bytes + 4.0 * tokens * kHidden, weight_bytes,
          2.0 * tokens * (kTopK + shared) * 3.0 * kHidden * kMoeInter);
@@ -312,7 +312,8 @@ BENCHMARK(BM_Fp8LinearCublasLt)
     ->Args({4, 7168, 16384})->Args({8, 7168, 16384})->Args({8, 4096, 7168})->Args({16, 7168, 16384})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
 BENCHMARK(BM_Fp8Moe)
-    ->ArgsProduct({{1, 8, 64, 4096}, {1}, {0}, {2}, {2}, {8}})
+    ->ArgsProduct({{1, 8, 64, 512, 4096}, {1}, {0}, {2}, {2}, {8}})
+    ->Args({512, 1, 1, 2, 2, 8})
     ->ArgsProduct({{1, 8}, {1}, {1}, {2}, {2}, {8}})
     ->Args({4096, 0, 0, 2, 2, 8})
     ->ArgsProduct({{1}, {1}, {2}, {1, 2, 4}, {1, 2, 4}, {4, 8, 16, 32}})

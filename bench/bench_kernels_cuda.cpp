@@ -23,6 +23,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/fp8_kv_cache.h"
 #include "kernels/cuda/gemm_cublaslt.h"
 #include "kernels/cuda/mla_absorbed.h"
 #include "kernels/cuda/mla_expanded.h"
@@ -166,6 +167,58 @@ void BM_MlaDecode(benchmark::State& state) {
   state.counters["splits"] = p.num_splits;
 }
 
+// The same decode over an FP8 latent cache (--kv-cache-dtype fp8_e4m3):
+// bytes count the 656-byte slots actually read.
+void BM_MlaDecodeFp8Cache(benchmark::State& state) {
+  const int B = int(state.range(0)), ctx = int(state.range(1)), D = kLatent + kRope;
+  const Fp8KvLayout layout{kLatent, kRope};
+  const size_t slots = size_t(B) * ctx;
+  std::vector<int32_t> q_indptr(B + 1), kv_indptr(B + 1), kv_slots(slots);
+  for (int b = 0; b <= B; ++b) {
+    q_indptr[b] = b;
+    kv_indptr[b] = b * ctx;
+  }
+  std::iota(kv_slots.begin(), kv_slots.end(), 0);
+  auto dq_indptr = upload(q_indptr), dkv_indptr = upload(kv_indptr), dslots = upload(kv_slots);
+  DeviceBuffer cache(slots * layout.slot_bytes());
+  {  // rows quantized in chunks (a bf16 copy of the whole cache would double its memory)
+    constexpr size_t kChunk = 1 << 16;
+    auto rows = random_bf16(kChunk * D, 3);
+    for (size_t s0 = 0; s0 < slots; s0 += kChunk)
+      fp8_kv_store(layout, rows.get<__nv_bfloat16>(), dslots.get<int32_t>() + s0, int64_t(std::min(kChunk, slots - s0)),
+                   cache.get<uint8_t>(), nullptr);
+  }
+  auto q = random_bf16(size_t(B) * kHeads * D, 4);
+  DeviceBuffer out(size_t(B) * kHeads * kLatent * 2);
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  MlaAbsorbedParams p;
+  p.q = q.get<__nv_bfloat16>();
+  p.fp8_cache = cache.get<uint8_t>();
+  p.q_indptr = dq_indptr.get<int32_t>();
+  p.kv_indptr = dkv_indptr.get<int32_t>();
+  p.kv_slots = dslots.get<int32_t>();
+  p.num_seqs = B;
+  p.num_tokens = B;
+  p.num_heads = kHeads;
+  p.latent_dim = kLatent;
+  p.rope_dim = kRope;
+  p.scale = 0.1f;
+  p.out = out.get<__nv_bfloat16>();
+  p.num_splits = mla_absorbed_num_splits(B, kHeads, sms, ctx);
+  DeviceBuffer work(mla_absorbed_workspace_bytes(B, kHeads, kLatent, p.num_splits));
+  if (p.num_splits > 1) {
+    p.partial_out = work.get<float>();
+    p.partial_lse = p.partial_out + size_t(p.num_splits) * B * kHeads * kLatent;
+  }
+  const double s = run_timed(state, [&] { mla_attention_absorbed(p, nullptr); });
+  const double bytes =
+      double(slots) * layout.slot_bytes() + double(slots) * 4 + double(B) * kHeads * (D + kLatent) * 2;
+  const double flops = 2.0 * B * kHeads * double(ctx) * (D + kLatent);
+  report(state, s, bytes, flops);
+  state.counters["splits"] = p.num_splits;
+}
+
 void BM_MlaPrefill(benchmark::State& state) {
   const int B = int(state.range(0)), len = int(state.range(1)), T = B * len;
   const int dqk = 192, dkv = 256;
@@ -266,7 +319,7 @@ void BM_MoeFused(benchmark::State& state) {
   DeviceBuffer work(moe_workspace_bytes(p));
   const double s = run_timed(state, [&] { moe_experts(p, work.get(), nullptr); });
   moe_counters(state, s, m, kShared);
-  state.counters["small_path"] = moe_path(p) == MoePath::Small;
+  state.counters["path"] = int(moe_path(p));  // MoePath: 1 grouped, 2 small, 3 sm90
 }
 
 // The simple path: per active expert, gather its rows and run three cuBLASLt
@@ -315,12 +368,15 @@ BENCHMARK(BM_SkinnyGemm)->Args({1, 10944, 2048})->Args({1, 2816, 2048})->Args({1
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_MlaDecode)
     ->ArgsProduct({{1, 32, 128}, {4096, 32768}, {0}})
-    ->Args({128, 4096, 1})
+    ->Args({128, 4096, 1})->Args({64, 8192, 0})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
+BENCHMARK(BM_MlaDecodeFp8Cache)->Args({1, 32768})->Args({64, 8192})->Args({128, 4096})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_MlaPrefill)->Args({1, 4096})->Args({8, 512})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_MoeFused)
     ->ArgsProduct({{1, 2, 4, 8}, {1, 2}, {2}, {2}, {8}})
-    ->Args({16, 0, 2, 2, 8})->Args({64, 0, 2, 2, 8})->Args({4096, 0, 2, 2, 8})
+    ->Args({16, 0, 2, 2, 8})->Args({64, 0, 2, 2, 8})->Args({512, 0, 2, 2, 8})->Args({512, 1, 2, 2, 8})
+    ->Args({4096, 0, 2, 2, 8})->Args({4096, 1, 2, 2, 8})
     ->ArgsProduct({{1, 8}, {2}, {1, 2, 4}, {1, 2, 4}, {4, 8, 16, 32}})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
 BENCHMARK(BM_MoePerExpertCublas)->Arg(1)->Arg(64)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
