@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/fp8_kv_cache.cuh"
 
 namespace mlaserve::cuda {
@@ -36,6 +37,7 @@ __device__ __forceinline__ void rotate_pair(const __nv_bfloat16* src, const floa
 }
 
 __global__ void __launch_bounds__(kThreads) mla_prepare_kernel(MlaPrepareParams p) {
+  pdl_enter();  // everything it reads comes from the projection GEMM or the batch upload
   const int64_t t = blockIdx.x;
   const int part = blockIdx.y;
   if (part == kQaNorm) {
@@ -95,7 +97,7 @@ void mla_prepare(const MlaPrepareParams& p, cudaStream_t stream) {
                    "mla_prepare: fp8 cache rows of " + std::to_string(p.latent_dim + 2 * p.num_freqs) +
                        " values (at most " + std::to_string(kMaxFp8Row) + " supported)");
   if (p.num_tokens == 0 || !(p.cache || p.fp8_cache || p.q_a_out || p.q_pe_out)) return;
-  mla_prepare_kernel<<<dim3(unsigned(p.num_tokens), kParts), kThreads, 0, stream>>>(p);
+  launch_dependent(mla_prepare_kernel, dim3(unsigned(p.num_tokens), kParts), dim3(kThreads), 0, stream, p);
   check_launch("mla_prepare");
 }
 
