@@ -10,6 +10,7 @@
 // The small (decode) path quantizes no activations: against the f64
 // reference only the bf16 roundings of act and out remain (~0.3%): 1e-2.
 #include "kernels/cuda/fp8_moe.h"
+#include "kernels/cuda/grouped_gemm_sm90.h"
 
 #include <algorithm>
 #include <cmath>
@@ -119,15 +120,18 @@ TEST_P(Fp8Moe, MatchesHostExpertsOnDequantizedWeights) {
     }
   }
   const double err = rel_l2(out, ref_scheme), err_exact = rel_l2(out, ref_exact);
+  if (GetParam().path == MoePath::Auto && tokens >= kFp8MoeSm90MinTokens)
+    EXPECT_EQ(fp8_moe_path(p), sm90_gemm_supported() ? MoePath::Sm90 : MoePath::Grouped);
   if (fp8_moe_path(p) == MoePath::Small) {
     const std::string detail = std::to_string(tokens) + " tokens, small path, " + std::to_string(shared) + " shared";
     report_fp8("fp8 moe vs f64", detail.c_str(), err_exact, kSmallPathTol);
     EXPECT_LT(err_exact, kSmallPathTol);
     return;
   }
-  const std::string detail = std::to_string(tokens) + " tokens, block_m " +
-                             std::to_string(fp8_moe_block_m(tokens, kTopK + shared, kExperts + shared)) +
-                             ", " + std::to_string(shared) + " shared";
+  const std::string rows = fp8_moe_path(p) == MoePath::Sm90
+                               ? std::string("sm90 kernels")
+                               : "block_m " + std::to_string(fp8_moe_block_m(tokens, kTopK + shared, kExperts + shared));
+  const std::string detail = std::to_string(tokens) + " tokens, " + rows + ", " + std::to_string(shared) + " shared";
   report_fp8("fp8 moe vs scheme", detail.c_str(), err, kSchemeTol);
   report_fp8("fp8 moe vs f64", detail.c_str(), err_exact, kVsUnquantizedTol);
   EXPECT_LT(err, kSchemeTol);
@@ -135,10 +139,13 @@ TEST_P(Fp8Moe, MatchesHostExpertsOnDequantizedWeights) {
 }
 
 // Grouped: 1 and 5 tokens: 8-row chunks; 64: 16-row; 300: 128-row chunks
-// (the largest tile). Small: 1, 5 (tokens sharing experts) and 8, the most it takes.
+// (the largest tile). Small: 1, 5 (tokens sharing experts) and 8, the most it
+// takes. Auto at 300 and 301 (2 shared experts): the Hopper kernels on an
+// H100/H200 (from kFp8MoeSm90MinTokens), the grouped path elsewhere.
 INSTANTIATE_TEST_SUITE_P(Tokens, Fp8Moe,
                          ::testing::Values(Fp8MoeCase{1, MoePath::Grouped}, Fp8MoeCase{5, MoePath::Grouped},
-                                           Fp8MoeCase{64, MoePath::Auto}, Fp8MoeCase{300, MoePath::Auto},
+                                           Fp8MoeCase{64, MoePath::Auto}, Fp8MoeCase{300, MoePath::Grouped},
+                                           Fp8MoeCase{300, MoePath::Auto}, Fp8MoeCase{301, MoePath::Auto},
                                            Fp8MoeCase{1, MoePath::Small}, Fp8MoeCase{5, MoePath::Small},
                                            Fp8MoeCase{8, MoePath::Small}));
 

@@ -7,6 +7,7 @@
 
 #include "cuda_test_util.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/grouped_gemm_sm90.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_router.h"
 
@@ -112,7 +113,18 @@ struct ExpertCase {
   bool repeat_experts = false;  // tokens may name one expert in several of their slots
 };
 
-const char* path_name(MoePath p) { return p == MoePath::Small ? "small" : p == MoePath::Grouped ? "grouped" : "auto"; }
+const char* path_name(MoePath p) {
+  switch (p) {
+    case MoePath::Small:
+      return "small";
+    case MoePath::Grouped:
+      return "grouped";
+    case MoePath::Sm90:
+      return "sm90";
+    default:
+      return "auto";
+  }
+}
 
 struct ExpertRun {
   double rel_l2;
@@ -227,6 +239,28 @@ INSTANTIATE_TEST_SUITE_P(Paths, MoeExpertsPaths, ::testing::Values(MoePath::Smal
 TEST(MoeExperts, LargerBatchUsesWideRowBlocksWithSharedExperts) {
   MLA_SKIP_WITHOUT_GPU();
   EXPECT_LT(run_experts({150, 256, 192, 8, 3, 2, MoePath::Auto}, 10).rel_l2, 1e-2);
+}
+
+// From kMoeSm90MinTokens tokens Auto runs the Hopper kernels (H100/H200),
+// both row tiles: 600 tokens x 3 slots over 9 experts = 200 rows an expert
+// (128-row tiles), 700 tokens x 3 slots over 8 experts = 263 (64-row tiles).
+TEST(MoeExperts, PrefillBatchesTakeTheHopperKernelsOnSm90) {
+  MLA_SKIP_WITHOUT_GPU();
+  static_assert(kMoeSm90MinTokens <= 600, "the cases below must reach the Hopper kernels");
+  EXPECT_LT(run_experts({600, 256, 128, 8, 2, 1, MoePath::Auto}, 12).rel_l2, 1e-2);
+  EXPECT_LT(run_experts({700, 256, 128, 8, 3, 0, MoePath::Auto}, 13).rel_l2, 1e-2);
+  MoeExpertsParams p;
+  p.num_tokens = kMoeSm90MinTokens;
+  p.hidden = 256;
+  p.inter = 128;
+  p.num_experts = 8;
+  p.top_k = 3;
+  EXPECT_EQ(moe_path(p), sm90_gemm_supported() ? MoePath::Sm90 : MoePath::Grouped);
+  p.inter = 136;  // not a multiple of 128: the grouped path
+  EXPECT_EQ(moe_path(p), MoePath::Grouped);
+  p.inter = 128;
+  p.num_tokens = kMoeSm90MinTokens - 1;
+  EXPECT_EQ(moe_path(p), MoePath::Grouped);
 }
 
 TEST(MoeExperts, SmallPathIsDeterministicForEveryTuning) {

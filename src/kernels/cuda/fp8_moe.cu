@@ -7,6 +7,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/fp8_quant.h"
+#include "kernels/cuda/grouped_gemm_sm90.h"
 #include "kernels/cuda/moe_align.cuh"
 #include "kernels/cuda/moe_small.cuh"
 
@@ -145,15 +146,51 @@ int fp8_moe_block_m(int num_tokens, int slots_per_token, int num_experts) {
   return block_m;
 }
 
+namespace {
+
+// The Hopper kernels' width limits (grouped_gemm_sm90.h).
+bool sm90_widths_fit(const Fp8MoeParams& p) {
+  return p.hidden % 256 == 0 && p.inter % 128 == 0 && slots_per_token(p) <= 16 && p.top_k <= p.num_experts;
+}
+
+Sm90MoeParams sm90_params(const Fp8MoeParams& p) {
+  Sm90MoeParams s;
+  s.x = p.x;
+  s.w_gate_up = p.w_gate_up;
+  s.w_down = p.w_down;
+  s.w_gate_up_scale = p.w_gate_up_scale;
+  s.w_down_scale = p.w_down_scale;
+  s.topk_ids = p.topk_ids;
+  s.topk_weights = p.topk_weights;
+  s.num_tokens = p.num_tokens;
+  s.hidden = p.hidden;
+  s.inter = p.inter;
+  s.num_experts = p.num_experts;
+  s.top_k = p.top_k;
+  s.num_shared = p.num_shared;
+  s.out = p.out;
+  return s;
+}
+
+}  // namespace
+
 MoePath fp8_moe_path(const Fp8MoeParams& p) {
   if (p.path != MoePath::Auto) return p.path;
-  return p.num_tokens <= kMoeSmallMaxTokens && slots_per_token(p) <= kMoeSmallMaxSlots ? MoePath::Small
-                                                                                       : MoePath::Grouped;
+  if (p.num_tokens <= kMoeSmallMaxTokens && slots_per_token(p) <= kMoeSmallMaxSlots) return MoePath::Small;
+  // Shape and device only (no stream work), so graph capture sees the same choice.
+  if (p.num_tokens >= kFp8MoeSm90MinTokens && sm90_widths_fit(p) && sm90_gemm_supported()) return MoePath::Sm90;
+  return MoePath::Grouped;
 }
 
 size_t fp8_moe_workspace_bytes(const Fp8MoeParams& p) {
-  if (fp8_moe_path(p) == MoePath::Small) return size_t(p.num_tokens) * slots_per_token(p) * p.inter * 2;  // act
-  return carve(nullptr, p, shape_of(p)).bytes;
+  switch (fp8_moe_path(p)) {
+    case MoePath::Small:
+      return size_t(p.num_tokens) * slots_per_token(p) * p.inter * 2;  // act
+    case MoePath::Sm90:
+      return fp8_moe_experts_sm90_workspace_bytes(sm90_params(p));
+    default:
+      return carve(nullptr, p, shape_of(p)).bytes;
+  }
 }
 
 void fp8_moe_experts(const Fp8MoeParams& p, void* workspace, cudaStream_t stream) {
@@ -163,8 +200,13 @@ void fp8_moe_experts(const Fp8MoeParams& p, void* workspace, cudaStream_t stream
   MLA_CUDA_REQUIRE(p.num_experts > 0 && p.top_k > 0 && p.top_k <= p.num_experts && p.num_shared >= 0,
                    "fp8 moe: top_k must be in [1, num_experts]");
   if (p.num_tokens == 0) return;
+  const MoePath path = fp8_moe_path(p);
+  if (path == MoePath::Sm90) {
+    fp8_moe_experts_sm90(sm90_params(p), workspace, stream);
+    return;
+  }
   const MoeSlots slots{p.topk_ids, p.topk_weights, p.top_k, p.num_shared, p.num_experts};
-  if (fp8_moe_path(p) == MoePath::Small) {
+  if (path == MoePath::Small) {
     SmallMoeArgs<Fp8Stacks> a;
     a.w = Fp8Stacks{p.w_gate_up, p.w_down, p.w_gate_up_scale, p.w_down_scale};
     a.x = p.x;

@@ -48,6 +48,13 @@ struct Fp8MoeParams {
   __nv_bfloat16* out = nullptr;  // {T, D}
 };
 
+// Smallest batch Auto sends to the Hopper kernels (grouped_gemm_sm90.h). At
+// V3 widths they stream every expert's weights from about 64 tokens on
+// (~3.2 ms at 512 tokens on an H200), while the grouped path above is
+// conversion-bound (53 TFLOP/s) once the rows pass decode sizes: 9x slower
+// at 4096 tokens (docs/sm90_gemm.md).
+constexpr int kFp8MoeSm90MinTokens = 256;
+
 // The path a batch takes (shape-only).
 MoePath fp8_moe_path(const Fp8MoeParams& p);
 

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/grouped_gemm_sm90.h"
 #include "kernels/cuda/mma_sm80.cuh"
 #include "kernels/cuda/moe_align.cuh"
 #include "kernels/cuda/moe_small.cuh"
@@ -300,6 +301,28 @@ void run_grouped(const MoeExpertsParams& p, void* workspace, cudaStream_t stream
   check_launch("moe combine");
 }
 
+// The Hopper kernels' width limits (grouped_gemm_sm90.h).
+bool sm90_widths_fit(const MoeExpertsParams& p) {
+  return p.hidden % 256 == 0 && p.inter % 128 == 0 && p.top_k <= p.num_experts;
+}
+
+Sm90MoeParams sm90_params(const MoeExpertsParams& p) {
+  Sm90MoeParams s;
+  s.x = p.x;
+  s.w_gate_up = p.w_gate_up;
+  s.w_down = p.w_down;
+  s.topk_ids = p.topk_ids;
+  s.topk_weights = p.topk_weights;
+  s.num_tokens = p.num_tokens;
+  s.hidden = p.hidden;
+  s.inter = p.inter;
+  s.num_experts = p.num_experts;
+  s.top_k = p.top_k;
+  s.num_shared = p.num_shared;
+  s.out = p.out;
+  return s;
+}
+
 }  // namespace
 
 int moe_block_m(int num_tokens, int slots_per_token, int num_experts) {
@@ -308,12 +331,21 @@ int moe_block_m(int num_tokens, int slots_per_token, int num_experts) {
 
 MoePath moe_path(const MoeExpertsParams& p) {
   if (p.path != MoePath::Auto) return p.path;
-  return p.num_tokens <= kMoeSmallMaxTokens && slots_per_token(p) <= kMoeSmallMaxSlots ? MoePath::Small
-                                                                                       : MoePath::Grouped;
+  if (p.num_tokens <= kMoeSmallMaxTokens && slots_per_token(p) <= kMoeSmallMaxSlots) return MoePath::Small;
+  // Shape and device only (no stream work), so graph capture sees the same choice.
+  if (p.num_tokens >= kMoeSm90MinTokens && sm90_widths_fit(p) && sm90_gemm_supported()) return MoePath::Sm90;
+  return MoePath::Grouped;
 }
 
 size_t moe_workspace_bytes(const MoeExpertsParams& p) {
-  return moe_path(p) == MoePath::Small ? small_workspace_bytes(p) : carve_grouped(nullptr, p).bytes;
+  switch (moe_path(p)) {
+    case MoePath::Small:
+      return small_workspace_bytes(p);
+    case MoePath::Sm90:
+      return moe_experts_sm90_workspace_bytes(sm90_params(p));
+    default:
+      return carve_grouped(nullptr, p).bytes;
+  }
 }
 
 void moe_experts(const MoeExpertsParams& p, void* workspace, cudaStream_t stream) {
@@ -323,10 +355,15 @@ void moe_experts(const MoeExpertsParams& p, void* workspace, cudaStream_t stream
                        std::to_string(p.inter) + " must be multiples of 8, top_k + shared experts at most " +
                        std::to_string(kMoeMaxSlots));
   if (p.num_tokens == 0) return;
-  if (moe_path(p) == MoePath::Small) {
-    run_small(p, workspace, stream);
-  } else {
-    run_grouped(p, workspace, stream);
+  switch (moe_path(p)) {
+    case MoePath::Small:
+      run_small(p, workspace, stream);
+      break;
+    case MoePath::Sm90:
+      moe_experts_sm90(sm90_params(p), workspace, stream);
+      break;
+    default:
+      run_grouped(p, workspace, stream);
   }
 }
 

@@ -32,7 +32,9 @@
 
 namespace mlaserve::cuda {
 
-enum class MoePath { Auto, Grouped, Small };
+// Sm90: grouped_gemm_sm90.h's wgmma/TMA kernels (Hopper, prefill-sized
+// batches; Auto takes it from kMoeSm90MinTokens tokens when the widths fit).
+enum class MoePath { Auto, Grouped, Small, Sm90 };
 
 // Launch shape of the small path (benchmarks sweep it; Auto uses the default).
 struct MoeSmallTuning {
@@ -62,6 +64,10 @@ constexpr int64_t gate_up_row(int64_t i, bool is_up) { return (i / 8) * 16 + (is
 // Largest batch the small path takes, and the most slots (top_k + shared) a
 // token may have there.
 constexpr int kMoeSmallMaxTokens = 8, kMoeSmallMaxSlots = 16;
+// Smallest batch Auto sends to the Hopper kernels (bf16 stacks): on an H200
+// at v2-lite widths they tie the grouped mma.sync path at 256 tokens and win
+// from 512 (1.74x at 4096; docs/sm90_gemm.md).
+constexpr int kMoeSm90MinTokens = 512;
 
 // The path a batch takes (shape-only, so graph-capturable decisions).
 MoePath moe_path(const MoeExpertsParams& p);
