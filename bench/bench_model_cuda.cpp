@@ -6,7 +6,7 @@
 // GEMM rate. Routing on random weights is close to uniform (the balanced case).
 //
 //   bench_model_cuda --dir /tmp/v2lite [--preset v2-lite] [--layers N] [--dtype bf16|fp8]
-//                    [--batches 1,8,64] [--input 512] [--output 128]
+//                    [--batches 1,8,64] [--input 512] [--output 128] [--kv-cache-dtype auto|fp8_e4m3]
 // With --dtype fp8 the checkpoint is block-FP8 (run with MLASERVE_FP8=1 to
 // keep the weights FP8 on the GPU; bytes are then counted at 1 per weight
 // for the quantized projections).
@@ -48,6 +48,7 @@ struct Args {
   int layers = 0;  // 0: the preset's
   std::vector<int> batches = {1, 8, 64};
   int input = 512, output = 128;
+  std::string kv_cache_dtype = "auto";  // the decode runs' latent cache: auto (bf16) or fp8_e4m3
 };
 
 Args parse(int argc, char** argv) {
@@ -60,6 +61,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--dtype") a.dtype = v;
     else if (k == "--input") a.input = std::stoi(v);
     else if (k == "--output") a.output = std::stoi(v);
+    else if (k == "--kv-cache-dtype") a.kv_cache_dtype = v;
     else if (k == "--batches") {
       a.batches.clear();
       std::stringstream ss(v);
@@ -152,12 +154,13 @@ ParamCounts count_params(const ModelConfig& c) {
 }
 
 // Bytes a decode step of B sequences must read: every non-expert weight, the
-// experts B uniform tokens touch in expectation, and the latent cache.
-double decode_bytes(const ModelConfig& c, const ParamCounts& p, int B, int ctx) {
+// experts B uniform tokens touch in expectation, and the latent cache
+// (kv_slot_bytes a token a layer: 1152 bf16, 656 fp8 at V3 widths).
+double decode_bytes(const ModelConfig& c, const ParamCounts& p, int B, int ctx, double kv_slot_bytes) {
   const double touched = p.experts * (1.0 - std::pow(1.0 - double(p.top_k) / p.experts, B));
   const double quantized = p.attention + p.dense_mlp + p.shared + p.moe_layers * touched * p.expert;
-  const double kv = double(B) * ctx * c.kv_cache_width() * c.num_hidden_layers;
-  return p.quantized_bytes * quantized + 2.0 * (p.absorbed + p.router + p.lm_head + kv);
+  const double kv = double(B) * ctx * kv_slot_bytes * c.num_hidden_layers;
+  return p.quantized_bytes * quantized + 2.0 * (p.absorbed + p.router + p.lm_head) + kv;
 }
 
 // Matmul + attention FLOPs of a prefill of B sequences of len tokens (causal).
@@ -400,10 +403,14 @@ int run(const Args& a) {
   }
 
   // Decode.
+  const KvCacheDtype kv_dtype = parse_kv_cache_dtype(a.kv_cache_dtype);
+  const double kv_slot_bytes = double(kv_cache_format(c, be.act_dtype(), kv_dtype).slot_bytes());
+  std::printf("decode kv cache: %s, %.0f bytes a token a layer\n", std::string(kv_cache_dtype_name(kv_dtype)).c_str(),
+              kv_slot_bytes);
   for (int B : a.batches) {
     const int stride = a.input + a.output;
     const int slots = B * stride + 1;
-    auto cache = allocate_kv_cache(be, c, slots);
+    auto cache = allocate_kv_cache(be, c, slots, kv_dtype);
     const ForwardBatch pb = prefill_batch(B, a.input, stride, rng, c.vocab_size);
     std::vector<int32_t> tokens = next_tokens(be, model.forward(pb, cache), ids);
     DecodeGraphOptions opt;
@@ -430,14 +437,15 @@ int run(const Args& a) {
         timing.print_and_reset(steps);
       }
       const double ms_step = sec * 1e3 / steps;
-      const double gbs = decode_bytes(c, pc, B, a.input + steps / 2) / (ms_step / 1e3) / 1e9;
+      const double gbs = decode_bytes(c, pc, B, a.input + steps / 2, kv_slot_bytes) / (ms_step / 1e3) / 1e9;
       std::printf("| decode bs %d (in %d, out %d) | %s | %.0f | %.3f | %.0f | %.0f%% | | |\n", B, a.input, steps,
                   use_graph ? "cuda graph" : "eager", B * steps / sec, ms_step, gbs, 100 * gbs / ceil.copy_gbs);
       std::fflush(stdout);
     }
   }
   std::printf("\nbytes/step at bs 1: %.2f GB (limit %.0f tok/s at the measured copy bandwidth)\n",
-              decode_bytes(c, pc, 1, a.input) / 1e9, ceil.copy_gbs * 1e9 / decode_bytes(c, pc, 1, a.input));
+              decode_bytes(c, pc, 1, a.input, kv_slot_bytes) / 1e9,
+              ceil.copy_gbs * 1e9 / decode_bytes(c, pc, 1, a.input, kv_slot_bytes));
   return 0;
 }
 
