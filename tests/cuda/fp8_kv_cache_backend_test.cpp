@@ -5,11 +5,13 @@
 // and the tiny golden models decoded with an fp8 cache against the bf16 one.
 //
 // Bounds: cache bytes are compared exactly (both sides round f32 products to
-// e4m3 nearest-even); the fp8 attention must equal the bf16 attention over
-// the dequantized rows up to summation order (rel L2 1e-3: they share every
-// bf16 value), and the CPU f32 attention over the same slots within bf16
-// rounding of q, P and the output (rel L2 2e-2, the bound mla_absorbed_test
-// uses for the bf16 cache).
+// e4m3 nearest-even). The tensor-core kernel dequantizes into the same bf16
+// tile the bf16 cache's rows fill, so over the dequantized rows it must give
+// the bf16 result exactly (measured 0 on the H200; bound 1e-6); the reference
+// kernel (tiny widths) uses the f32 dequantized values where the bf16 cache
+// holds them rounded to bf16 (2^-9 relative): 5e-3, measured 2.3e-3. Against
+// the CPU f32 attention over the same slots: bf16 rounding of q, P and the
+// output, rel L2 2e-2 (mla_absorbed_test's bound; measured <= 2.5e-3).
 #include <cuda_runtime_api.h>
 
 #include <cstring>
@@ -17,6 +19,7 @@
 
 #include "../model/fp8_kv_cache_fixture.h"
 #include "cuda_test_util.h"
+#include "kernels/cuda/mla_absorbed.h"
 #include "kernels/cpu/cpu_fp8_kv_cache.h"
 
 namespace mlaserve::cuda::testing {
@@ -176,7 +179,7 @@ void check_absorbed(Backend& gpu, const Fp8KvLayout& l, int heads, const std::ve
   std::printf("[fp8-kv absorbed] L %d R %d heads %d tokens %lld: rel L2 vs bf16 cache of the dequantized rows %.2e, "
               "vs CPU fp8 reference %.2e\n",
               l.kv_lora_rank, l.rope_dim, heads, (long long)T, vs_bf16, vs_cpu);
-  EXPECT_LT(vs_bf16, 1e-3);
+  EXPECT_LT(vs_bf16, mla_absorbed_has_fast_path(int(L), int(R)) ? 1e-6 : 5e-3);
   EXPECT_LT(vs_cpu, 2e-2);
 }
 
@@ -192,10 +195,14 @@ INSTANTIATE_TEST_SUITE_P(Layouts, Fp8KvCacheCuda, ::testing::Values(Fp8KvLayout{
                          [](const auto& info) { return "L" + std::to_string(info.param.kv_lora_rank); });
 
 // bf16 activations on both sides, so the fp8 cache's rounding is what moves
-// the logits; MoE top-k can flip on near-ties. Bounds: 3x the CPU test's
-// (whose f32 stack has no other noise) for the total, and decisive steps at
-// twice the CPU test's gap (bf16 rows already differ by ~1e-2 rel L2).
-constexpr double kMaxTotalRelL2 = 0.15;
+// the logits (MoE top-k can also flip on near-ties). Measured on the H200
+// (2026-11-22): rel L2 0.0115 (tiny_v2), 0.0183 (tiny), 0.0217 (tiny_fp8)
+// over all decode steps, worst row 0.114, about the CPU test's numbers.
+// Bounds: 0.05 total and 0.3 for any row. These random tiny models have
+// flat logits: no step has a top-2 gap above the 1.0 logit a bf16 stack
+// would need to call it decisive, so tokens are reported, not asserted.
+constexpr double kMaxTotalRelL2 = 0.05;
+constexpr double kMaxRowRelL2 = 0.3;
 constexpr double kDecisiveGap = 1.0;
 
 class Fp8KvCacheCudaModel : public ::testing::TestWithParam<const char*> {};
@@ -209,6 +216,7 @@ TEST_P(Fp8KvCacheCudaModel, DecodesLikeTheBf16Cache) {
   DeepseekModel model(ckpt.get(), *gpu, {MlaMode::Auto, false});
   const auto c = mlaserve::testing::compare_fp8_kv_cache(model, GetParam(), kDecisiveGap);
   EXPECT_LT(c.total_rel_l2, kMaxTotalRelL2);
+  EXPECT_LT(c.worst_rel_l2, kMaxRowRelL2);
   EXPECT_EQ(c.decisive_agree, c.decisive);
 }
 
