@@ -138,19 +138,11 @@ ExpertRun run_experts(const ExpertCase& c, unsigned seed, const MoeSmallTuning& 
   std::mt19937 rng(seed);
   const int T = c.tokens, D = c.hidden, I = c.inter, E = c.experts, K = c.top_k, S = c.shared, X = E + S;
   auto x = random_bf16(size_t(T) * D, rng);
-  // Separate gate {X, I, D} and up {X, I, D}, stacked into the kernel's interleaved gate_up.
-  auto wg = random_bf16(size_t(X) * I * D, rng, 0.05f), wu = random_bf16(size_t(X) * I * D, rng, 0.05f);
-  auto wd = random_bf16(size_t(X) * D * I, rng, 0.05f);
-  std::vector<uint16_t> wgu(size_t(X) * 2 * I * D);
-  for (size_t e = 0; e < size_t(X); ++e)
-    for (int i = 0; i < I; ++i)
-      for (int d = 0; d < D; ++d) {
-        wgu[(e * 2 * I + gate_up_row(i, false)) * D + d] = wg[(e * I + i) * D + d];
-        wgu[(e * 2 * I + gate_up_row(i, true)) * D + d] = wu[(e * I + i) * D + d];
-      }
   std::vector<int32_t> ids(size_t(T) * K);
   std::vector<float> w(size_t(T) * K);
   std::uniform_real_distribution<float> uw(0.1f, 1.0f);
+  std::vector<bool> used(size_t(X), false);
+  for (int s = 0; s < S; ++s) used[size_t(E + s)] = true;
   for (int t = 0; t < T; ++t) {
     std::vector<int> all(E);
     std::iota(all.begin(), all.end(), 0);
@@ -158,7 +150,25 @@ ExpertRun run_experts(const ExpertCase& c, unsigned seed, const MoeSmallTuning& 
     for (int j = 0; j < K; ++j) {
       ids[t * K + j] = c.repeat_experts && j % 2 == 1 ? all[j - 1] : all[j];
       w[t * K + j] = uw(rng);
+      used[size_t(ids[t * K + j])] = true;
     }
+  }
+  // Separate gate {X, I, D} and up {X, I, D}, stacked into the kernel's
+  // interleaved gate_up. Random only where routed (at v2-lite width the whole
+  // stack would take seconds to fill); unused experts stay zero.
+  std::vector<uint16_t> wg(size_t(X) * I * D), wu(wg.size()), wd(size_t(X) * D * I), wgu(size_t(X) * 2 * I * D);
+  const size_t mat = size_t(I) * D;
+  for (size_t e = 0; e < size_t(X); ++e) {
+    if (!used[e]) continue;
+    for (auto* m : {&wg, &wu, &wd}) {
+      const auto r = random_bf16(mat, rng, 0.05f);
+      std::copy(r.begin(), r.end(), m->begin() + std::ptrdiff_t(e * mat));
+    }
+    for (int i = 0; i < I; ++i)
+      for (int d = 0; d < D; ++d) {
+        wgu[(e * 2 * I + gate_up_row(i, false)) * D + d] = wg[(e * I + i) * D + d];
+        wgu[(e * 2 * I + gate_up_row(i, true)) * D + d] = wu[(e * I + i) * D + d];
+      }
   }
   std::vector<double> ref(size_t(T) * D, 0.0);
   std::vector<double> h(I);
