@@ -2,7 +2,8 @@
 //   - bf16 MoE experts at v2-lite widths (64 experts, hidden 2048, inter
 //     1408, top-6): compare with bench_kernels_cuda's BM_MoeFused (mma.sync);
 //   - block-FP8 MoE experts at V3 widths (256 experts, hidden 7168, inter
-//     2048, top-8): compare with bench_fp8's BM_Fp8Moe;
+//     2048, top-8), beside fp8_moe.h's grouped path (BM_Fp8MoeGroupedPath,
+//     the same routing) to place the switch between them;
 //   - dense block-FP8 GEMMs of V3 shapes: compare with bench_fp8's
 //     BM_Fp8LinearCublasLt.
 // Counters: median_us (CUDA events), TFLOP_s (the useful flops: routed
@@ -22,6 +23,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/fp8_moe.h"
 #include "kernels/cuda/fp8_quant.h"
 #include "kernels/cuda/fp8_random_fill.h"
 #include "kernels/cuda/grouped_gemm_sm90.h"
@@ -101,7 +103,7 @@ void BM_Sm90MoeBf16(benchmark::State& state) {
   if (skip_without_hopper(state)) return;
   constexpr int kExperts = 64, kHidden = 2048, kInter = 1408, kTopK = 6;
   const int tokens = int(state.range(0));
-  const Sm90GemmVariant variant{int(state.range(1)), -1, 0};
+  const Sm90GemmVariant variant{int(state.range(1)), -1, 0, int(state.range(2))};
   DeviceBuffer x(size_t(tokens) * kHidden * 2), gate_up(size_t(kExperts) * 2 * kInter * kHidden * 2),
       down(size_t(kExperts) * kHidden * kInter * 2), out(size_t(tokens) * kHidden * 2);
   fill_random_bf16(x.get<__nv_bfloat16>(), x.bytes() / 2, 8, nullptr);
@@ -126,39 +128,75 @@ void BM_Sm90MoeBf16(benchmark::State& state) {
   report(state, s, 2.0 * tokens * kTopK * 3.0 * kHidden * kInter, kBf16PeakTflops);
 }
 
+// V3's routed experts in block FP8, random weights and routing.
+struct Fp8MoeData {
+  static constexpr int kExperts = 256, kHidden = 7168, kInter = 2048, kTopK = 8;
+  explicit Fp8MoeData(int tokens)
+      : x(size_t(tokens) * kHidden * 2),
+        out(size_t(tokens) * kHidden * 2),
+        gate_up(size_t(kExperts) * 2 * kInter * kHidden),
+        down(size_t(kExperts) * kHidden * kInter),
+        gate_up_scale(size_t(kExperts) * (2 * kInter / 128) * (kHidden / 128) * 4),
+        down_scale(size_t(kExperts) * (kHidden / 128) * (kInter / 128) * 4),
+        route(random_routing(tokens, kExperts, kTopK, 13)) {
+    fill_random_bf16(x.get<__nv_bfloat16>(), x.bytes() / 2, 8, nullptr);
+    fill_random_e4m3(gate_up.get<uint8_t>(), gate_up.bytes(), 9, nullptr);
+    fill_random_e4m3(down.get<uint8_t>(), down.bytes(), 10, nullptr);
+    fill_random_scales(gate_up_scale.get<float>(), gate_up_scale.bytes() / 4, 1e-4f, 2e-4f, 11, nullptr);
+    fill_random_scales(down_scale.get<float>(), down_scale.bytes() / 4, 1e-4f, 2e-4f, 12, nullptr);
+  }
+  DeviceBuffer x, out, gate_up, down, gate_up_scale, down_scale;
+  Routing route;
+};
+
 void BM_Sm90MoeFp8(benchmark::State& state) {
   if (skip_without_hopper(state)) return;
-  constexpr int kExperts = 256, kHidden = 7168, kInter = 2048, kTopK = 8;
   const int tokens = int(state.range(0));
-  const Sm90GemmVariant variant{0, int(state.range(1)), 0};
-  DeviceBuffer x(size_t(tokens) * kHidden * 2), out(size_t(tokens) * kHidden * 2);
-  DeviceBuffer gate_up(size_t(kExperts) * 2 * kInter * kHidden), down(size_t(kExperts) * kHidden * kInter);
-  DeviceBuffer gate_up_scale(size_t(kExperts) * (2 * kInter / 128) * (kHidden / 128) * 4),
-      down_scale(size_t(kExperts) * (kHidden / 128) * (kInter / 128) * 4);
-  fill_random_bf16(x.get<__nv_bfloat16>(), x.bytes() / 2, 8, nullptr);
-  fill_random_e4m3(gate_up.get<uint8_t>(), gate_up.bytes(), 9, nullptr);
-  fill_random_e4m3(down.get<uint8_t>(), down.bytes(), 10, nullptr);
-  fill_random_scales(gate_up_scale.get<float>(), gate_up_scale.bytes() / 4, 1e-4f, 2e-4f, 11, nullptr);
-  fill_random_scales(down_scale.get<float>(), down_scale.bytes() / 4, 1e-4f, 2e-4f, 12, nullptr);
-  const Routing route = random_routing(tokens, kExperts, kTopK, 13);
+  Fp8MoeData d(tokens);
   Sm90MoeParams p;
-  p.x = x.get<__nv_bfloat16>();
-  p.w_gate_up = gate_up.get();
-  p.w_gate_up_scale = gate_up_scale.get<float>();
-  p.w_down = down.get();
-  p.w_down_scale = down_scale.get<float>();
-  p.topk_ids = route.ids.get<int32_t>();
-  p.topk_weights = route.weights.get<float>();
+  p.x = d.x.get<__nv_bfloat16>();
+  p.w_gate_up = d.gate_up.get();
+  p.w_gate_up_scale = d.gate_up_scale.get<float>();
+  p.w_down = d.down.get();
+  p.w_down_scale = d.down_scale.get<float>();
+  p.topk_ids = d.route.ids.get<int32_t>();
+  p.topk_weights = d.route.weights.get<float>();
   p.num_tokens = tokens;
-  p.hidden = kHidden;
-  p.inter = kInter;
-  p.num_experts = kExperts;
-  p.top_k = kTopK;
-  p.out = out.get<__nv_bfloat16>();
-  p.variant = variant;
+  p.hidden = Fp8MoeData::kHidden;
+  p.inter = Fp8MoeData::kInter;
+  p.num_experts = Fp8MoeData::kExperts;
+  p.top_k = Fp8MoeData::kTopK;
+  p.out = d.out.get<__nv_bfloat16>();
+  p.variant = Sm90GemmVariant{0, int(state.range(1)), 0, int(state.range(2))};
   DeviceBuffer workspace(fp8_moe_experts_sm90_workspace_bytes(p));
   const double s = median_seconds(state, [&] { fp8_moe_experts_sm90(p, workspace.get(), nullptr); });
-  report(state, s, 2.0 * tokens * kTopK * 3.0 * kHidden * kInter, kFp8PeakTflops);
+  report(state, s, 2.0 * tokens * Fp8MoeData::kTopK * 3.0 * Fp8MoeData::kHidden * Fp8MoeData::kInter,
+         kFp8PeakTflops);
+}
+
+// fp8_moe.h's grouped (pre-Hopper) path on the same data.
+void BM_Fp8MoeGroupedPath(benchmark::State& state) {
+  const int tokens = int(state.range(0));
+  Fp8MoeData d(tokens);
+  Fp8MoeParams p;
+  p.x = d.x.get<__nv_bfloat16>();
+  p.w_gate_up = d.gate_up.get<uint8_t>();
+  p.w_gate_up_scale = d.gate_up_scale.get<float>();
+  p.w_down = d.down.get<uint8_t>();
+  p.w_down_scale = d.down_scale.get<float>();
+  p.topk_ids = d.route.ids.get<int32_t>();
+  p.topk_weights = d.route.weights.get<float>();
+  p.num_tokens = tokens;
+  p.hidden = Fp8MoeData::kHidden;
+  p.inter = Fp8MoeData::kInter;
+  p.num_experts = Fp8MoeData::kExperts;
+  p.top_k = Fp8MoeData::kTopK;
+  p.path = MoePath::Grouped;
+  p.out = d.out.get<__nv_bfloat16>();
+  DeviceBuffer workspace(fp8_moe_workspace_bytes(p));
+  const double s = median_seconds(state, [&] { fp8_moe_experts(p, workspace.get(), nullptr); });
+  report(state, s, 2.0 * tokens * Fp8MoeData::kTopK * 3.0 * Fp8MoeData::kHidden * Fp8MoeData::kInter,
+         kFp8PeakTflops);
 }
 
 void BM_Sm90Fp8Gemm(benchmark::State& state) {
@@ -188,15 +226,17 @@ void BM_Sm90Fp8Gemm(benchmark::State& state) {
 }
 
 // Variant sweeps (Sm90GemmVariant; 0 / -1: the default): bf16 {tokens,
-// block_m}; fp8 {tokens, overlapped promotion}; dense {m, n, k, overlapped,
-// block_m}.
+// block_m, gather in producer}; fp8 {tokens, overlapped promotion, gather in
+// producer}; dense {m, n, k, overlapped, block_m}.
 void bf16_args(benchmark::internal::Benchmark* b) {
   for (int tokens : {256, 512, 1024, 2048, 4096})
-    for (int block_m : {0, 128, 64}) b->Args({tokens, block_m});
+    for (int gather : {0, 1}) b->Args({tokens, 0, gather});
+  for (int block_m : {128, 64}) b->Args({4096, block_m, 1});
 }
 void fp8_moe_args(benchmark::internal::Benchmark* b) {
-  for (int tokens : {512, 4096})
-    for (int overlap : {0, 1}) b->Args({tokens, overlap});
+  for (int tokens : {128, 256, 512, 4096})
+    for (int gather : {0, 1}) b->Args({tokens, 1, gather});
+  b->Args({4096, 0, 1});
 }
 // V3 shapes {n, k} at M = 4096: q_a, q_b, kv_a, o_proj, shared-expert gate_up
 // and down, dense-MLP gate_up and down.
@@ -211,6 +251,14 @@ void dense_args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_Sm90MoeBf16)->Apply(bf16_args)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_Sm90MoeFp8)->Apply(fp8_moe_args)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
+BENCHMARK(BM_Fp8MoeGroupedPath)
+    ->Arg(64)
+    ->Arg(128)
+    ->Arg(256)
+    ->Arg(512)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.2);
 BENCHMARK(BM_Sm90Fp8Gemm)->Apply(dense_args)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
 
 }  // namespace

@@ -33,11 +33,17 @@ bool hopper_present() { return gpu_available() && sm90_gemm_supported(); }
 int64_t interleaved_row(int64_t i, bool is_up) { return (i / 8) * 16 + (is_up ? 8 : 0) + i % 8; }
 
 // Every kernel variant is checked against the same reference.
-std::vector<Sm90GemmVariant> bf16_variants() { return {Sm90GemmVariant{128, -1, 0}, Sm90GemmVariant{64, -1, 0}}; }
-std::vector<Sm90GemmVariant> fp8_variants() { return {Sm90GemmVariant{0, 0, 64}, Sm90GemmVariant{0, 1, 64}}; }
+// MoE variants gather x in the GEMM's producer (1) or in a pass before it (0).
+std::vector<Sm90GemmVariant> bf16_variants() {
+  return {Sm90GemmVariant{128, -1, 0, 1}, Sm90GemmVariant{64, -1, 0, 1}, Sm90GemmVariant{128, -1, 0, 0},
+          Sm90GemmVariant{64, -1, 0, 0}};
+}
+std::vector<Sm90GemmVariant> fp8_variants() {
+  return {Sm90GemmVariant{0, 0, 64, 1}, Sm90GemmVariant{0, 1, 64, 1}, Sm90GemmVariant{0, 1, 64, 0}};
+}
 std::string variant_name(const Sm90GemmVariant& v) {
   return "bf16 block_m " + std::to_string(v.bf16_block_m) + ", overlap " + std::to_string(v.fp8_overlap_promotion) +
-         ", fp8 block_m " + std::to_string(v.fp8_block_m);
+         ", fp8 block_m " + std::to_string(v.fp8_block_m) + ", gather " + std::to_string(v.gather_in_producer);
 }
 
 double silu_mul(double g, double u) { return g / (1.0 + std::exp(-g)) * u; }
@@ -137,7 +143,8 @@ TEST_P(Sm90Bf16Moe, MatchesHostExperts) {
     moe_experts_sm90(p, workspace.get(), nullptr);
     const auto out = to_float(download<uint16_t>(dout, size_t(s.tokens) * D));
     const double err = rel_l2(out, ref);
-    report_fp8("sm90 bf16 moe", (describe(s, with_addend) + ", bm " + std::to_string(v.bf16_block_m)).c_str(), err,
+    report_fp8("sm90 bf16 moe", (describe(s, with_addend) + ", bm " + std::to_string(v.bf16_block_m) + ", g" +
+                std::to_string(v.gather_in_producer)).c_str(), err,
                kBf16Tol);
     EXPECT_LT(err, kBf16Tol);
   }
@@ -224,7 +231,8 @@ TEST_P(Sm90Fp8Moe, MatchesHostExpertsOnDequantizedWeights) {
     DeviceBuffer workspace(fp8_moe_experts_sm90_workspace_bytes(p));
     fp8_moe_experts_sm90(p, workspace.get(), nullptr);
     const auto out = to_float(download<uint16_t>(dout, size_t(s.tokens) * D));
-    const std::string detail = describe(s, with_addend) + ", o" + std::to_string(v.fp8_overlap_promotion);
+    const std::string detail = describe(s, with_addend) + ", o" + std::to_string(v.fp8_overlap_promotion) + ", g" +
+                               std::to_string(v.gather_in_producer);
     const double err = rel_l2(out, ref_scheme), err_exact = rel_l2(out, ref_exact);
     report_fp8("sm90 fp8 moe vs scheme", detail.c_str(), err, kFp8SchemeTol);
     report_fp8("sm90 fp8 moe vs f64", detail.c_str(), err_exact, kFp8ExactTol);

@@ -92,6 +92,16 @@ struct GemmArgs {
   int w_scale_rows = 0;
   __nv_bfloat16* out = nullptr;
   int64_t out_ld = 0;
+  // Gathering kernels (kGatherA) read A row m from row gather_ids[m] /
+  // gather_div of gather_src (rows gather_ld bytes apart; zeros where
+  // gather_ids[m] == gather_sentinel), fp8 scales from
+  // gather_scale[kb * gather_scale_ld + that row].
+  const int32_t* gather_ids = nullptr;
+  int gather_div = 1, gather_sentinel = 0;
+  const void* gather_src = nullptr;
+  int64_t gather_ld = 0;
+  const float* gather_scale = nullptr;
+  int64_t gather_scale_ld = 0;
 };
 
 // Consecutive tiles walk the columns of a band of kBand row blocks, so the
@@ -140,7 +150,10 @@ __device__ __forceinline__ uint4 quad_transpose(uint32_t w0, uint32_t w1, uint32
   return make_uint4(word(0), word(1), word(2), word(3));
 }
 
-template <class T, Epilogue kEpi>
+// kGatherA: the producer warpgroup copies the A rows itself (cp.async into
+// the swizzled layout, 16 bytes a thread, a warp covering 4 whole rows), so
+// the MoE needs no expert-ordered copy of x; weights still come by TMA.
+template <class T, Epilogue kEpi, bool kGatherA>
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w,
                      const __grid_constant__ CUtensorMap map_a_scale, const GemmArgs args) {
@@ -158,13 +171,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      sm90::mbar_init(&full[s], 1);
+      // The TMA thread's arrival, plus every producer thread's cp.async arrival when gathering.
+      sm90::mbar_init(&full[s], kGatherA ? 1 + 128 : 1);
       sm90::mbar_init(&empty[s], 2 * 128);  // every consumer thread releases
     }
     sm90::mbar_init_fence();
-    sm90::tma_prefetch_map(&map_a);
     sm90::tma_prefetch_map(&map_w);
-    if constexpr (T::kFp8) sm90::tma_prefetch_map(&map_a_scale);
+    if constexpr (!kGatherA) {
+      sm90::tma_prefetch_map(&map_a);
+      if constexpr (T::kFp8) sm90::tma_prefetch_map(&map_a_scale);
+    }
   }
   __syncthreads();
 
@@ -173,6 +189,56 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n_tiles = n_tiles_of<T, kEpi>(args.n_out);
   const int tiles = m_blocks * n_tiles, k_blocks = args.k / T::kBlockK;
 
+  if (kGatherA && warpgroup == 0) {
+    sm90::setmaxnreg_dec40();
+    // Thread t copies 16-byte chunk t % 8 of rows t / 8 + 16 i.
+    constexpr int kRowsPerThread = T::kBlockM / 16;
+    const int chunk = threadIdx.x % 8, row0 = threadIdx.x / 8;
+    const uint8_t* src_base = static_cast<const uint8_t*>(args.gather_src) + chunk * 16;
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      int mb, nb;
+      tile_coords(tile, m_blocks, n_tiles, mb, nb);
+      const int w_row0 = args.block_expert[mb] * args.w_rows;
+      int src_row[kRowsPerThread];  // -1: pad row
+#pragma unroll
+      for (int i = 0; i < kRowsPerThread; ++i) {
+        const int id = args.gather_ids[mb * T::kBlockM + row0 + 16 * i];
+        src_row[i] = id == args.gather_sentinel ? -1 : id / args.gather_div;
+      }
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        mbar_wait(&empty[stage], phase ^ 1);
+        if (threadIdx.x == 0) {
+          mbar_arrive_expect_tx(&full[stage], L::kWBytes);
+#pragma unroll
+          for (int q = 0; q < T::kBlockN / kPieceRows; ++q)
+            tma_load_2d(w_smem + stage * L::kWBytes + q * kPieceRows * kRowBytes, &map_w, &full[stage],
+                        kb * T::kBlockK, w_row0 + piece_row<T, kEpi>(args, nb, q));
+        }
+        const uint32_t a_dst = smem_u32(a_smem + stage * L::kABytes) + ((chunk ^ (row0 & 7)) * 16);
+#pragma unroll
+        for (int i = 0; i < kRowsPerThread; ++i) {
+          const int r = row0 + 16 * i;  // r % 8 == row0 % 8: the same swizzled chunk
+          const bool real = src_row[i] >= 0;
+          const int64_t src_row_i = real ? src_row[i] : 0;
+          sm90::cp_async_16(a_dst + r * kRowBytes, src_base + src_row_i * args.gather_ld + kb * kRowBytes,
+                            real ? 16 : 0);
+          if constexpr (T::kFp8) {
+            if (chunk == 0)
+              sm90::cp_async_4(smem_u32(scale_smem + stage * T::kBlockM + r),
+                               args.gather_scale + int64_t(kb) * args.gather_scale_ld + src_row_i, real ? 4 : 0);
+          }
+        }
+        sm90::cp_async_arrive_noinc(&full[stage]);
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    return;
+  }
   if (warpgroup == 0) {
     sm90::setmaxnreg_dec40();
     if (threadIdx.x != 0) return;
@@ -221,6 +287,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_registers(acc);
       for (int kb = 0; kb < k_blocks; ++kb) {
         mbar_wait(&full[stage], phase);
+        if constexpr (kGatherA) sm90::fence_proxy_async_smem();
         sm90::wgmma_fence();
         const uint64_t da = wgmma_desc(a_base + stage * L::kABytes);
         const uint64_t dw = wgmma_desc(w_base + stage * L::kWBytes);
@@ -288,6 +355,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         sw[0] = __ldg(w_scale_piece[0] + kb);
         sw[1] = __ldg(w_scale_piece[1] + kb);
         mbar_wait(&full[stage], phase);
+        if constexpr (kGatherA) sm90::fence_proxy_async_smem();
         const int st = stage;
         issue(part, st);
         if (++stage == kStages) {
@@ -425,10 +493,10 @@ int sm_count() {
   return sms;
 }
 
-template <class T, Epilogue kEpi>
+template <class T, Epilogue kEpi, bool kGatherA = false>
 void launch_gemm(const CUtensorMap& map_a, const CUtensorMap& map_w, const CUtensorMap& map_a_scale,
                  const GemmArgs& args, int max_m_blocks, cudaStream_t stream, const char* op) {
-  auto kernel = sm90_gemm_kernel<T, kEpi>;
+  auto kernel = sm90_gemm_kernel<T, kEpi, kGatherA>;
   constexpr int smem = Layout<T>::kSmemBytes;
   static const bool attribute_set = [&] {
     MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), op);
@@ -462,13 +530,14 @@ __global__ void gather_rows_kernel(const __nv_bfloat16* src, const int32_t* sort
 }
 
 // q[m], scale[kb * scale_ld + m] = 1x128 quantization of a source row: with
-// sorted_ids, row sorted_ids[m] / top_k of src (zeros for pads), else row m.
-// One warp per row, each half-warp one 128-wide group at a time.
+// sorted_ids, row sorted_ids[m] / top_k of src (zeros for pads), else row m;
+// m < *rows_in_use, or < rows without rows_in_use. One warp per row, each
+// half-warp one 128-wide group at a time.
 __global__ void gather_quantize_kernel(const __nv_bfloat16* src, const int32_t* sorted_ids, int top_k, int sentinel,
-                                       const int32_t* rows_in_use, int width, uint8_t* q, float* scale,
+                                       const int32_t* rows_in_use, int rows, int width, uint8_t* q, float* scale,
                                        int64_t scale_ld) {
   const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
-  if (row >= *rows_in_use) return;
+  if (row >= (rows_in_use ? *rows_in_use : rows)) return;
   const __nv_bfloat16* s = src + row * width;
   if (sorted_ids) {
     const int id = sorted_ids[row];
@@ -626,11 +695,12 @@ struct Bf16MoeWorkspace {
   __nv_bfloat16 *x_sorted, *act, *down;
 };
 
-Bf16MoeWorkspace carve_bf16(void* base, const MoeRows& r, int hidden, int inter, size_t* bytes) {
+// gather: the GEMM gathers x itself (no x_sorted).
+Bf16MoeWorkspace carve_bf16(void* base, const MoeRows& r, int hidden, int inter, bool gather, size_t* bytes) {
   Carver c(base);
   Bf16MoeWorkspace w;
   w.rows = carve_align(c, r);
-  w.x_sorted = c.take<__nv_bfloat16>(size_t(r.max_rows) * hidden);
+  w.x_sorted = gather ? nullptr : c.take<__nv_bfloat16>(size_t(r.max_rows) * hidden);
   w.act = c.take<__nv_bfloat16>(size_t(r.max_rows) * inter);
   w.down = c.take<__nv_bfloat16>(size_t(r.max_rows) * hidden);
   if (bytes) *bytes = c.bytes();
@@ -644,12 +714,16 @@ struct Fp8MoeWorkspace {
   __nv_bfloat16 *act, *down;
 };
 
-Fp8MoeWorkspace carve_fp8(void* base, const MoeRows& r, int hidden, int inter, size_t* bytes) {
+// gather: x is quantized per token ({T, D}, scales {D/128, T}), not per slot
+// in expert order ({max_rows, D}).
+Fp8MoeWorkspace carve_fp8(void* base, const MoeRows& r, int num_tokens, int hidden, int inter, bool gather,
+                          size_t* bytes) {
   Carver c(base);
   Fp8MoeWorkspace w;
   w.rows = carve_align(c, r);
-  w.x_q = c.take<uint8_t>(size_t(r.max_rows) * hidden);
-  w.x_scale = c.take<float>(size_t(r.max_rows) * (hidden / kFp8Group));
+  const size_t x_rows = gather ? size_t(num_tokens) : size_t(r.max_rows);
+  w.x_q = c.take<uint8_t>(x_rows * hidden);
+  w.x_scale = c.take<float>(x_rows * (hidden / kFp8Group));
   w.act = c.take<__nv_bfloat16>(size_t(r.max_rows) * inter);
   w.act_q = c.take<uint8_t>(size_t(r.max_rows) * inter);
   w.act_scale = c.take<float>(size_t(r.max_rows) * (inter / kFp8Group));
@@ -681,6 +755,16 @@ int bf16_block_m(const Sm90MoeParams& p) {
   return padded64 < padded128 ? 64 : 128;
 }
 // The overlapped promotion runs K blocks in pairs.
+// Measured on an H200 (docs/sm90_gemm.md): the producer's gather is 1-7%
+// faster for bf16 at v2-lite widths at every size, and for fp8 7% faster up
+// to 512 tokens of V3 but 4% slower at 4096, where the gather + quantize
+// pass's expert-ordered copy feeds TMA better (in between: not measured).
+constexpr int kFp8GatherMaxTokens = 512;
+bool gathers_in_producer(const Sm90MoeParams& p, bool fp8) {
+  if (p.variant.gather_in_producer >= 0) return p.variant.gather_in_producer != 0;
+  return !fp8 || p.num_tokens <= kFp8GatherMaxTokens;
+}
+
 bool fp8_overlapped(const Sm90GemmVariant& v, int k) {
   const int k_blocks = k / kFp8Group;
   return v.fp8_overlap_promotion != 0 && k_blocks >= 2 && k_blocks % 2 == 0;
@@ -689,11 +773,14 @@ bool fp8_overlapped(const Sm90GemmVariant& v, int k) {
 template <class T>
 void run_bf16_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
   const MoeRows r = moe_rows(p, T::kBlockM);
-  const Bf16MoeWorkspace w = carve_bf16(workspace, r, p.hidden, p.inter, nullptr);
+  const bool gather = gathers_in_producer(p, false);
+  const Bf16MoeWorkspace w = carve_bf16(workspace, r, p.hidden, p.inter, gather, nullptr);
   align(r, w.rows, stream, "sm90 moe align");
-  gather_rows_kernel<<<r.max_rows / 8, 256, 0, stream>>>(p.x, w.rows.sorted_ids, r.slots.per_token(), r.slot_count,
-                                                         w.rows.rows_in_use, p.hidden, w.x_sorted);
-  check_launch("sm90 moe gather");
+  if (!gather) {
+    gather_rows_kernel<<<r.max_rows / 8, 256, 0, stream>>>(p.x, w.rows.sorted_ids, r.slots.per_token(),
+                                                           r.slot_count, w.rows.rows_in_use, p.hidden, w.x_sorted);
+    check_launch("sm90 moe gather");
+  }
 
   const auto* w_gate_up = static_cast<const __nv_bfloat16*>(p.w_gate_up);
   const auto* w_down = static_cast<const __nv_bfloat16*>(p.w_down);
@@ -707,10 +794,20 @@ void run_bf16_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) 
   g.w_rows = 2 * p.inter;
   g.out = w.act;
   g.out_ld = p.inter;
-  launch_gemm<T, Epilogue::kSiluInterleaved8>(
-      bf16_tile_map(w.x_sorted, r.max_rows, p.hidden, T::kBlockM, "gathered x"),
-      bf16_tile_map(w_gate_up, int64_t(r.total_experts) * 2 * p.inter, p.hidden, kPieceRows, "gate_up weights"),
-      unused, g, r.max_blocks, stream, "sm90 moe gate_up");
+  const CUtensorMap map_gate_up =
+      bf16_tile_map(w_gate_up, int64_t(r.total_experts) * 2 * p.inter, p.hidden, kPieceRows, "gate_up weights");
+  if (gather) {
+    g.gather_ids = w.rows.sorted_ids;
+    g.gather_div = r.slots.per_token();
+    g.gather_sentinel = r.slot_count;
+    g.gather_src = p.x;
+    g.gather_ld = int64_t(p.hidden) * 2;
+    launch_gemm<T, Epilogue::kSiluInterleaved8, true>(unused, map_gate_up, unused, g, r.max_blocks, stream,
+                                                      "sm90 moe gate_up (gathering)");
+  } else {
+    launch_gemm<T, Epilogue::kSiluInterleaved8>(bf16_tile_map(w.x_sorted, r.max_rows, p.hidden, T::kBlockM, "gathered x"),
+                                                map_gate_up, unused, g, r.max_blocks, stream, "sm90 moe gate_up");
+  }
 
   g.k = p.inter;
   g.n_out = p.hidden;
@@ -727,24 +824,31 @@ void run_bf16_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) 
 }
 
 // The fp8 kernel variant for a GEMM with this K.
-template <Epilogue kEpi>
+template <Epilogue kEpi, bool kGatherA = false>
 void launch_fp8_gemm(const Sm90GemmVariant& v, const CUtensorMap& map_a, const CUtensorMap& map_w,
                      const CUtensorMap& map_a_scale, const GemmArgs& args, int max_m_blocks, cudaStream_t stream,
                      const char* op) {
   if (fp8_overlapped(v, args.k))
-    launch_gemm<Fp8Tiles<true>, kEpi>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
+    launch_gemm<Fp8Tiles<true>, kEpi, kGatherA>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
   else
-    launch_gemm<Fp8Tiles<false>, kEpi>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
+    launch_gemm<Fp8Tiles<false>, kEpi, kGatherA>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
 }
 
 void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
   const MoeRows r = moe_rows(p, kSm90Fp8BlockM);
-  const Fp8MoeWorkspace w = carve_fp8(workspace, r, p.hidden, p.inter, nullptr);
+  const bool gather = gathers_in_producer(p, true);
+  const Fp8MoeWorkspace w = carve_fp8(workspace, r, p.num_tokens, p.hidden, p.inter, gather, nullptr);
   align(r, w.rows, stream, "sm90 fp8 moe align");
-  gather_quantize_kernel<<<r.max_rows / 8, 256, 0, stream>>>(p.x, w.rows.sorted_ids, r.slots.per_token(),
-                                                             r.slot_count, w.rows.rows_in_use, p.hidden, w.x_q,
-                                                             w.x_scale, r.max_rows);
-  check_launch("sm90 fp8 moe gather+quantize");
+  if (gather) {
+    gather_quantize_kernel<<<(p.num_tokens + 7) / 8, 256, 0, stream>>>(p.x, nullptr, 1, -1, nullptr, p.num_tokens,
+                                                                       p.hidden, w.x_q, w.x_scale, p.num_tokens);
+    check_launch("sm90 fp8 moe quantize x");
+  } else {
+    gather_quantize_kernel<<<r.max_rows / 8, 256, 0, stream>>>(p.x, w.rows.sorted_ids, r.slots.per_token(),
+                                                               r.slot_count, w.rows.rows_in_use, 0, p.hidden, w.x_q,
+                                                               w.x_scale, r.max_rows);
+    check_launch("sm90 fp8 moe gather+quantize");
+  }
 
   const auto* w_gate_up = static_cast<const uint8_t*>(p.w_gate_up);
   const auto* w_down = static_cast<const uint8_t*>(p.w_down);
@@ -760,13 +864,26 @@ void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
   g.w_scale_rows = 2 * p.inter / kFp8Group;
   g.out = w.act;
   g.out_ld = p.inter;
-  launch_fp8_gemm<Epilogue::kSiluHalves>(
-      p.variant, fp8_tile_map(w.x_q, r.max_rows, p.hidden, kSm90Fp8BlockM, "quantized x"),
-      fp8_tile_map(w_gate_up, int64_t(r.total_experts) * 2 * p.inter, p.hidden, kPieceRows, "gate_up weights"),
-      scale_map(w.x_scale, r.max_rows, p.hidden / kFp8Group, kSm90Fp8BlockM), g, r.max_blocks, stream,
-      "sm90 fp8 moe gate_up");
+  const CUtensorMap map_gate_up =
+      fp8_tile_map(w_gate_up, int64_t(r.total_experts) * 2 * p.inter, p.hidden, kPieceRows, "gate_up weights");
+  if (gather) {
+    const CUtensorMap unused{};
+    g.gather_ids = w.rows.sorted_ids;
+    g.gather_div = r.slots.per_token();
+    g.gather_sentinel = r.slot_count;
+    g.gather_src = w.x_q;
+    g.gather_ld = p.hidden;
+    g.gather_scale = w.x_scale;
+    g.gather_scale_ld = p.num_tokens;
+    launch_fp8_gemm<Epilogue::kSiluHalves, true>(p.variant, unused, map_gate_up, unused, g, r.max_blocks, stream,
+                                                 "sm90 fp8 moe gate_up (gathering)");
+  } else {
+    launch_fp8_gemm<Epilogue::kSiluHalves>(p.variant, fp8_tile_map(w.x_q, r.max_rows, p.hidden, kSm90Fp8BlockM, "quantized x"),
+                                           map_gate_up, scale_map(w.x_scale, r.max_rows, p.hidden / kFp8Group, kSm90Fp8BlockM),
+                                           g, r.max_blocks, stream, "sm90 fp8 moe gate_up");
+  }
 
-  gather_quantize_kernel<<<r.max_rows / 8, 256, 0, stream>>>(w.act, nullptr, 1, -1, w.rows.rows_in_use, p.inter,
+  gather_quantize_kernel<<<r.max_rows / 8, 256, 0, stream>>>(w.act, nullptr, 1, -1, w.rows.rows_in_use, 0, p.inter,
                                                              w.act_q, w.act_scale, r.max_rows);
   check_launch("sm90 fp8 moe act quantize");
 
@@ -825,7 +942,7 @@ bool sm90_gemm_supported() {
 
 size_t moe_experts_sm90_workspace_bytes(const Sm90MoeParams& p) {
   size_t bytes = 0;
-  carve_bf16(nullptr, moe_rows(p, bf16_block_m(p)), p.hidden, p.inter, &bytes);
+  carve_bf16(nullptr, moe_rows(p, bf16_block_m(p)), p.hidden, p.inter, gathers_in_producer(p, false), &bytes);
   return bytes;
 }
 
@@ -843,7 +960,8 @@ void moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t stre
 
 size_t fp8_moe_experts_sm90_workspace_bytes(const Sm90MoeParams& p) {
   size_t bytes = 0;
-  carve_fp8(nullptr, moe_rows(p, kSm90Fp8BlockM), p.hidden, p.inter, &bytes);
+  carve_fp8(nullptr, moe_rows(p, kSm90Fp8BlockM), p.num_tokens, p.hidden, p.inter, gathers_in_producer(p, true),
+            &bytes);
   return bytes;
 }
 

@@ -13,17 +13,19 @@
 //         block), DeepSeek's 1x128 / 128x128 scheme; that promotion runs
 //         while the next K block is on the tensor cores.
 //
-// Rows are not gathered by the GEMM: TMA loads rectangles, so the MoE entry
-// points first copy (bf16) or quantize (fp8) x into expert-sorted order, each
-// expert's run padded to the tile's row count, then run gate_up (SiLU-and-mul
-// fused in the epilogue), down and the weighted combine.
+// MoE entry points: align the slots by expert (each expert's run padded to
+// the tile's row count), gate_up with the x rows gathered by the producer
+// warpgroup (cp.async; TMA loads only rectangles) and SiLU-and-mul fused in
+// the epilogue, down, and the weighted combine. The fp8 path quantizes x per
+// token first and the activations after gate_up.
 //
 // Only for compute capability 9.0 (sm90_gemm_supported()); the callers keep
 // their portable paths for other GPUs and for short (decode) batches, where
 // padding every expert to 128 or 64 rows wastes the work. Measured on an
 // H200 (docs/sm90_gemm.md): the bf16 path beats moe_experts()' grouped
-// mma.sync path from about 512 tokens at v2-lite (equal at 256), 1.74x at
-// 4096; the fp8 path beats fp8_moe_experts() by 9x at 4096 tokens of V3.
+// mma.sync path from 256 tokens at v2-lite (327 vs 352 us), 1.8x at 4096;
+// the fp8 path beats fp8_moe_experts()' grouped path from 128 tokens of V3
+// (2.8 vs 3.0 ms; 1.8x at 512, 9x at 4096).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -44,6 +46,10 @@ struct Sm90GemmVariant {
   int bf16_block_m = 0;  // 128: 128 x 256 tiles; 64: 64 x 256 tiles (less padding per expert); 0: by shape
   int fp8_overlap_promotion = -1;  // 1: block k is scaled and added while block k + 1 multiplies; 0: in turn
   int fp8_block_m = 0;  // dense fp8 only: 64 (64 x 256 tiles) or 128 (128 x 128, overlapped); 0: 128
+  // MoE gate_up: 1: the GEMM's producer warpgroup gathers x rows (cp.async; fp8: x quantized per token
+  // first); 0: x is first copied (bf16) or gathered and quantized (fp8) into expert order, loaded by TMA;
+  // -1: 1 for bf16, for fp8 up to 512 tokens.
+  int gather_in_producer = -1;
 };
 
 // MoE experts of one layer. Slots: each token has top_k + num_shared slots;
