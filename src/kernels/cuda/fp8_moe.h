@@ -48,12 +48,12 @@ struct Fp8MoeParams {
   __nv_bfloat16* out = nullptr;  // {T, D}
 };
 
-// Smallest batch Auto sends to the Hopper kernels (grouped_gemm_sm90.h). At
-// V3 widths they stream every expert's weights from about 64 tokens on
-// (~3.2 ms at 512 tokens on an H200), while the grouped path above is
-// conversion-bound (53 TFLOP/s) once the rows pass decode sizes: 9x slower
-// at 4096 tokens (docs/sm90_gemm.md).
-constexpr int kFp8MoeSm90MinTokens = 256;
+// Smallest batch Auto sends to the Hopper kernels (grouped_gemm_sm90.h).
+// Measured at V3 widths on an H200 (docs/sm90_gemm.md), grouped path vs
+// Hopper kernels: 64 tokens 2.63 ms vs (not measured), 128: 3.03 vs 2.81,
+// 256: 4.07 vs 2.95, 512: 5.36 vs 2.99; both stream all expert weights, and
+// the grouped path is conversion-bound once rows pass decode sizes.
+constexpr int kFp8MoeSm90MinTokens = 128;
 
 // The path a batch takes (shape-only).
 MoePath fp8_moe_path(const Fp8MoeParams& p);

@@ -65,9 +65,9 @@ constexpr int64_t gate_up_row(int64_t i, bool is_up) { return (i / 8) * 16 + (is
 // token may have there.
 constexpr int kMoeSmallMaxTokens = 8, kMoeSmallMaxSlots = 16;
 // Smallest batch Auto sends to the Hopper kernels (bf16 stacks): on an H200
-// at v2-lite widths they tie the grouped mma.sync path at 256 tokens and win
-// from 512 (1.74x at 4096; docs/sm90_gemm.md).
-constexpr int kMoeSm90MinTokens = 512;
+// at v2-lite widths they beat the grouped mma.sync path from 256 tokens (327
+// vs 352 us; 1.8x at 4096; docs/sm90_gemm.md); 128 not measured.
+constexpr int kMoeSm90MinTokens = 256;
 
 // The path a batch takes (shape-only, so graph-capturable decisions).
 MoePath moe_path(const MoeExpertsParams& p);
