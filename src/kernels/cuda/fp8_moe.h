@@ -50,9 +50,9 @@ struct Fp8MoeParams {
 
 // Smallest batch Auto sends to the Hopper kernels (grouped_gemm_sm90.h).
 // Measured at V3 widths on an H200 (docs/sm90_gemm.md), grouped path vs
-// Hopper kernels: 64 tokens 2.63 ms vs (not measured), 128: 3.03 vs 2.81,
-// 256: 4.07 vs 2.95, 512: 5.36 vs 2.99; both stream all expert weights, and
-// the grouped path is conversion-bound once rows pass decode sizes.
+// Hopper kernels (medians): 64 tokens 2.62 ms vs (not measured), 128: 3.01
+// vs 2.81, 256: 4.06 vs 2.95, 512: 5.35 vs 2.99. Both stream all expert
+// weights; the grouped path is conversion-bound once rows pass decode sizes.
 constexpr int kFp8MoeSm90MinTokens = 128;
 
 // The path a batch takes (shape-only).
