@@ -1,9 +1,12 @@
 #pragma once
 // Fused MoE expert computation over all experts of a layer: the routed ones
 // and the shared ones, folded in as num_shared extra experts (stacked after
-// the routed ones) that every token selects with weight 1.0. Two paths:
+// the routed ones) that every token selects with weight 1.0. Three paths,
+// chosen by shape (moe_path): Small up to kMoeSmallMaxTokens tokens, Sm90
+// (grouped_gemm_sm90.h, Hopper only) from kMoeSm90MinTokens, Grouped between
+// and wherever the others do not apply:
 //
-// Grouped (any batch; the only one past kMoeSmallMaxTokens tokens):
+// Grouped:
 //   1. align: group the assignment slots (moe_align.cuh) by expert, each
 //      expert's run padded to the GEMM's row block, plus each slot's position;
 //   2. gate_up: one grouped GEMM over every active expert (tensor cores),
@@ -73,7 +76,7 @@ constexpr int kMoeSm90MinTokens = 256;
 MoePath moe_path(const MoeExpertsParams& p);
 // The grouped GEMM's row block: 16 when experts see few rows, 64 otherwise.
 int moe_block_m(int num_tokens, int slots_per_token, int num_experts);
-// Workspace for either path of this shape (the pointers in p are not read).
+// Workspace for the path of this shape (the pointers in p are not read).
 size_t moe_workspace_bytes(const MoeExpertsParams& p);
 
 // Runs the op; `workspace` holds moe_workspace_bytes(p) bytes.
