@@ -19,6 +19,7 @@
 #include "kernels/cuda/mla_expanded.h"
 #include "kernels/cuda/mla_prepare.h"
 #include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/head_bmm_small.h"
 #include "kernels/cuda/moe_router.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/sampling.h"
@@ -574,8 +575,14 @@ void CudaBackend::head_bmm(const Tensor& x, const Tensor& w, bool transpose_w, T
                 out.dim(2) >= N,
             "head_bmm: x {} · w {} (transposed: {}) into {}", shape_str(x.shape()), shape_str(w.shape()),
             transpose_w, shape_str(out.shape()));
-  gemm_->head_bmm(bf(x, "head_bmm", "x"), as_bf16(w, "head_bmm"), transpose_w, T, H, Kx, K, N,
-                  bf(out, "head_bmm", "out"), out.dim(2), stream_);
+  const __nv_bfloat16* wb = as_bf16(w, "head_bmm");
+  if (head_bmm_small_applies(wb, transpose_w, T, K, N)) {  // decode: stream the weights with many blocks
+    head_bmm_small(bf(x, "head_bmm", "x"), wb, transpose_w, T, H, Kx, K, N, bf(out, "head_bmm", "out"), out.dim(2),
+                   stream_);
+    return;
+  }
+  gemm_->head_bmm(bf(x, "head_bmm", "x"), wb, transpose_w, T, H, Kx, K, N, bf(out, "head_bmm", "out"), out.dim(2),
+                  stream_);
 }
 
 void CudaBackend::mla_prepare(const MlaPrepare& mp, const Tensor& positions, const Tensor& out_slots,

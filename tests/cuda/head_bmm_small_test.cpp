@@ -1,0 +1,99 @@
+// CudaBackend::head_bmm at decode sizes (the weight-streaming kernel of
+// head_bmm_small.h, T <= 8) and just above (cuBLASLt) against the CPU
+// backend on the same bf16 values: both products (w {H, K, N} and
+// transposed {H, N, K}), x rows wider than K and output rows wider than N.
+// Outputs start as NaN: columns past N must stay NaN, every other one must
+// be written.
+//
+// Bound: both sides sum the same bf16 products in f32 (different order);
+// the GPU rounds the result to bf16 once (2^-9 relative), so 1e-2 relative
+// L2 is loose for a right answer and far below a wrong head or column.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "cuda_test_util.h"
+#include "kernels/cuda/cuda_backend.h"
+
+namespace mlaserve::cuda::testing {
+namespace {
+
+struct BmmShape {
+  const char* name;
+  int64_t tokens, heads, kx, k, n, no;
+  bool transpose;
+};
+
+class HeadBmmSmall : public ::testing::TestWithParam<BmmShape> {
+ protected:
+  void SetUp() override {
+    MLA_SKIP_WITHOUT_GPU();
+    gpu_ = std::make_unique<CudaBackend>();
+  }
+  // The same values as an f32 CPU tensor and a bf16 GPU tensor.
+  std::pair<Tensor, Tensor> both(Shape shape, std::vector<uint16_t> v) {
+    Tensor c = Tensor::empty(shape, DType::F32);
+    for (size_t i = 0; i < v.size(); ++i) c.data<float>()[i] = bf16_to_f32(v[i]);
+    return {c, gpu_->load_tensor(Tensor::wrap(v.data(), std::move(shape), DType::BF16, Device::CPU))};
+  }
+  std::pair<Tensor, Tensor> random(Shape shape, float range) {
+    return both(shape, random_bf16(size_t(shape_numel(shape)), rng_, range));
+  }
+
+  std::unique_ptr<Backend> cpu_ = make_cpu_backend();
+  std::unique_ptr<CudaBackend> gpu_;
+  std::mt19937 rng_{77};
+};
+
+TEST_P(HeadBmmSmall, MatchesCpu) {
+  if (!gpu_) return;
+  const BmmShape s = GetParam();
+  const int64_t T = s.tokens, H = s.heads, N = s.n, No = s.no, K = s.k;
+  const auto [xc, xg] = random({T, H, s.kx}, 2.0f);
+  const auto [wc, wg] = random(s.transpose ? Shape{H, N, K} : Shape{H, K, N}, 0.1f);
+  const Shape out_shape{T, H, No};
+  const auto [oc, og] = both(out_shape, std::vector<uint16_t>(size_t(shape_numel(out_shape)), 0x7fc0));  // NaN
+  cpu_->head_bmm(xc, wc, s.transpose, oc);
+  gpu_->head_bmm(xg, wg, s.transpose, og);
+  const Tensor host = gpu_->to_host(og);
+  std::vector<float> got;
+  std::vector<double> want;
+  int64_t written_outside = 0;
+  for (int64_t i = 0; i < oc.numel(); ++i) {
+    const float g = bf16_to_f32(host.data<uint16_t>()[i]);
+    if (i % No < N) {
+      got.push_back(g);
+      want.push_back(oc.data<float>()[i]);
+    } else if (!std::isnan(g)) {
+      ++written_outside;
+    }
+  }
+  const double err = rel_l2(got, want);
+  std::printf("[rel_l2] head_bmm %-8s T=%-2lld H=%-3lld K=%-3lld N=%-3lld transpose=%d: %.2e\n", s.name,
+              (long long)T, (long long)H, (long long)K, (long long)N, int(s.transpose), err);
+  EXPECT_EQ(written_outside, 0) << "columns past N were written";
+  EXPECT_LT(err, 1e-2);  // also fails on NaN (an unwritten element)
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, HeadBmmSmall,
+    ::testing::Values(BmmShape{"wuk_v2l", 1, 16, 192, 128, 512, 576, false},  // q_nope of q{Dn+R} into q_cat{L+R}
+                      BmmShape{"wuv_v2l", 1, 16, 512, 512, 128, 128, true},   // o_latent · W_UVᵀ
+                      BmmShape{"wuk_v2l", 3, 16, 192, 128, 512, 576, false},
+                      BmmShape{"wuv_v2l", 5, 16, 512, 512, 128, 128, true},
+                      BmmShape{"wuk_v3", 8, 128, 192, 128, 512, 576, false},
+                      BmmShape{"wuv_v3", 8, 128, 512, 512, 128, 128, true},
+                      BmmShape{"ragged", 2, 3, 40, 24, 72, 80, false},  // N not a multiple of 64, K of 32
+                      BmmShape{"ragged", 7, 3, 40, 24, 40, 41, true},   // K < 256, odd output rows
+                      BmmShape{"odd", 2, 2, 20, 16, 12, 12, false},      // N % 8 != 0: cuBLASLt
+                      BmmShape{"wuk_v2l", 9, 16, 192, 128, 512, 576, false},  // above the small path
+                      BmmShape{"wuv_v2l", 16, 16, 512, 512, 128, 128, true}),
+    [](const auto& info) {
+      return std::string(info.param.name) + "_t" + std::to_string(info.param.tokens) +
+             (info.param.transpose ? "_t" : "_n") + std::to_string(info.index);
+    });
+
+}  // namespace
+}  // namespace mlaserve::cuda::testing
