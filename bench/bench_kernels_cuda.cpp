@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/cuda_check.h"
@@ -25,6 +26,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/fp8_kv_cache.h"
 #include "kernels/cuda/gemm_cublaslt.h"
+#include "kernels/cuda/head_bmm_small.h"
 #include "kernels/cuda/mla_absorbed.h"
 #include "kernels/cuda/mla_expanded.h"
 #include "kernels/cuda/moe_experts.h"
@@ -114,18 +116,79 @@ void BM_GemmBf16(benchmark::State& state) {
   if (m == 8192 && n == 8192 && k == 8192) g_gemm_tflops = 2.0 * m * n * k / s / 1e12;
 }
 
-// Decode-sized products: the skinny weight-streaming kernel vs cuBLASLt.
+// Decode-sized products: the skinny weight-streaming kernel vs cuBLASLt
+// (args m, n, k, mode: 0 skinny, 1 skinny in a graph, 2 cuBLASLt, 3 cuBLASLt
+// in a graph). The weights rotate over copies that together exceed L2, as a
+// decode step's layers do; the graph mode times kGraphLaunches back-to-back
+// launches in one captured graph (what the model replays) and reports one.
 void BM_SkinnyGemm(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
-  auto x = random_bf16(m * k, 1), w = random_bf16(n * k, 2);
+  const int mode = int(state.range(3));
+  const bool skinny = mode < 2, graph = mode % 2 == 1;
+  const int64_t copies = std::max<int64_t>(2, (int64_t(256) << 20) / (n * k * 2));
+  auto x = random_bf16(m * k, 1);
+  std::vector<DeviceBuffer> w;
+  for (int64_t i = 0; i < copies; ++i) w.push_back(random_bf16(n * k, uint32_t(2 + i)));
   DeviceBuffer out(m * n * 2);
-  const double s = run_timed(state, [&] {
-    skinny_gemm(x.get<__nv_bfloat16>(), w.get<__nv_bfloat16>(), m, n, k, out.get(), false, nullptr);
-  });
+  CublasLtGemm gemm;
+  cudaStream_t stream;
+  MLA_CUDA_CHECK(cudaStreamCreate(&stream), "bench stream");
+  size_t next = 0;
+  auto one = [&] {
+    const auto* wi = w[next].get<__nv_bfloat16>();
+    next = (next + 1) % w.size();
+    if (skinny) skinny_gemm(x.get<__nv_bfloat16>(), wi, m, n, k, out.get(), false, stream);
+    else gemm.linear(x.get<__nv_bfloat16>(), wi, m, n, k, out.get(), false, stream);
+  };
+  constexpr int kGraphLaunches = 20;
+  cudaGraphExec_t exec = nullptr;
+  if (graph) {
+    one();  // plans and attributes outside the capture
+    MLA_CUDA_CHECK(cudaStreamSynchronize(stream), "bench warm-up");
+    cudaGraph_t g;
+    MLA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "bench capture");
+    for (int i = 0; i < kGraphLaunches; ++i) one();
+    MLA_CUDA_CHECK(cudaStreamEndCapture(stream, &g), "bench capture");
+    MLA_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0), "bench graph");
+    cudaGraphDestroy(g);
+  }
+  // The stream is a blocking one: run_timed's events on the legacy default
+  // stream order around it.
+  const double s = graph ? run_timed(state, [&] { cudaGraphLaunch(exec, stream); }) / kGraphLaunches
+                         : run_timed(state, one);
+  if (exec) cudaGraphExecDestroy(exec);
+  cudaStreamDestroy(stream);
+  state.SetLabel(std::string(skinny ? "skinny" : "cublaslt") + (graph ? " graph" : " eager"));
   report(state, s, double(m * k + n * k + m * n) * 2, 2.0 * m * n * k);
 }
 
 // ---- MLA --------------------------------------------------------------------
+
+// Absorbed MLA's per-head products at decode sizes: the weight-streaming
+// kernel (small = 1) vs cuBLASLt's batched GEMM (small = 0). Args: tokens,
+// transposed (0: q_nope · W_UK {H, Dn, L} into q{L + R} rows; 1: o_latent ·
+// W_UVᵀ {H, Dv, L}), small. 32 weight copies (64 MB) are cycled so each
+// iteration reads its 2 MB from HBM, not L2, as a decode step's layers do.
+void BM_HeadBmm(benchmark::State& state) {
+  const int64_t T = state.range(0), H = kHeads, Dn = 128;
+  const bool transpose = state.range(1) != 0, small = state.range(2) != 0;
+  const int64_t K = transpose ? kLatent : Dn, N = transpose ? Dn : kLatent;
+  const int64_t Kx = transpose ? kLatent : Dn + kRope, No = transpose ? Dn : kLatent + kRope;
+  constexpr int kCopies = 32;
+  auto x = random_bf16(T * H * Kx, 1), w = random_bf16(kCopies * H * K * N, 2);
+  DeviceBuffer out(T * H * No * 2);
+  CublasLtGemm gemm;
+  int copy = 0;
+  const double s = run_timed(state, [&] {
+    const __nv_bfloat16* wc = w.get<__nv_bfloat16>() + (copy++ % kCopies) * H * K * N;
+    if (small)
+      head_bmm_small(x.get<__nv_bfloat16>(), wc, transpose, T, H, Kx, K, N, out.get<__nv_bfloat16>(), No, nullptr);
+    else
+      gemm.head_bmm(x.get<__nv_bfloat16>(), wc, transpose, T, H, Kx, K, N, out.get<__nv_bfloat16>(), No, nullptr);
+  });
+  report(state, s, double(H * K * N + T * H * (K + N)) * 2, 2.0 * T * H * K * N);
+}
+
 
 void BM_MlaDecode(benchmark::State& state) {
   const int B = int(state.range(0)), ctx = int(state.range(1)), D = kLatent + kRope;
@@ -363,9 +426,13 @@ BENCHMARK(BM_CopyBandwidth)->UseManualTime()->Unit(benchmark::kMicrosecond)->Ite
 BENCHMARK(BM_GemmBf16)->Args({8192, 8192, 8192})->Args({4096, 2048, 10944})->Args({1, 10944, 2048})
     ->Args({1, 2816, 2048})->Args({1, 576, 2048})->Args({4, 2816, 2048})->Args({8, 2816, 2048})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
-BENCHMARK(BM_SkinnyGemm)->Args({1, 10944, 2048})->Args({1, 2816, 2048})->Args({1, 576, 2048})
-    ->Args({4, 2816, 2048})->Args({8, 2816, 2048})
+// v2-lite decode shapes: fused q/kv_a (3648), dense gate_up and down, o_proj,
+// shared-expert gate_up, kv_a alone; m up to 8 for batched decode.
+BENCHMARK(BM_SkinnyGemm)
+    ->ArgsProduct({{1, 4, 8}, {3648, 2048, 21888, 2816, 576}, {2048}, {0, 1, 2, 3}})
+    ->ArgsProduct({{1, 8}, {2048}, {10944}, {0, 1, 2, 3}})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
+BENCHMARK(BM_HeadBmm)->ArgsProduct({{1, 4, 8}, {0, 1}, {0, 1}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
 BENCHMARK(BM_MlaDecode)
     ->ArgsProduct({{1, 32, 128}, {4096, 32768}, {0}})
     ->Args({128, 4096, 1})->Args({64, 8192, 0})
