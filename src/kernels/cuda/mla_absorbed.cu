@@ -1,5 +1,8 @@
 #include "kernels/cuda/mla_absorbed.h"
 
+#include <cooperative_groups.h>
+#include <cuda_fp16.h>
+
 #include <algorithm>
 #include <string>
 
@@ -17,6 +20,8 @@ constexpr int kBlockN = 32;         // latent rows per pipeline stage
 constexpr int kWarps = 4;
 constexpr int kLoadersPerRow = 4;  // threads copying one latent row
 constexpr int kMaxSplits = 64;
+// Splits merged on chip by one thread-block cluster (8: the portable maximum).
+constexpr int kMaxSplitCluster = 8, kDefaultSplitCluster = 8;
 // Below two tiles a split is mostly latency. (One tile: a 1 x 640 call in a
 // graph took 8.2 us at 20 splits vs 8.4 at 10, but 8 x 640 took 11.5 us at
 // 20 splits, more merge, where the previous kernel took 9.7 at 10.)
@@ -50,12 +55,125 @@ __device__ __forceinline__ int split_chunk(int attend, int num_splits) {
 __device__ __forceinline__ void grid_dependents_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
 __device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
+// c += a · b for one m16n8k16 tile of fp16 operands (the FP8 cache's latent
+// tile and the query / P fragments that meet it).
+__device__ __forceinline__ void mma_f16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t bits) {
+  const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits));
+  return pack_f16x2(f.x, f.y);
+}
+
+// Two e4m3 bytes (bits 0-7 and 16-23 of t, the rest zero) as fp16x2 of
+// exactly their values times 2^-8: the 7 magnitude bits shifted into fp16's
+// exponent / mantissa line up (both formats' subnormals included) and the
+// sign moves from bit 14 to 15 by adding bit 14 to itself. Integer ops only;
+// the 2^8 and the per-group scale are applied to the f32 scores and to P.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2_scaled(uint32_t t) {
+  const uint32_t s = t << 7;
+  return s + (s & 0x40004000u);
+}
+
 // Tile rows are kD wide with no padding; the 16-byte chunk c of row r is
 // stored at chunk c ^ (r % 8) (kD / 8 is a multiple of 8, so this never leaves
 // the row): the eight rows an ldmatrix phase reads at one logical chunk land
 // in eight distinct bank groups. Callers precompute the XOR of their lane's
 // row with the few chunk residues they use, so addresses stay immediates.
 __device__ __forceinline__ int swizzle_chunk(int chunk, int row) { return chunk ^ (row & 7); }
+
+// The splits of one cluster (consecutive blockIdx.x) combine their softmax
+// partials through distributed shared memory, so only one partial per
+// cluster reaches global memory, or, when the cluster covers every split,
+// the output itself and no merge kernel runs. Each block scales its
+// unnormalized O by 2^(m_b - M) / L (M, L: the cluster's max and sum), then
+// block r sums every C-th float4 column group over the C blocks. The sums
+// run in rank order, so the result does not depend on which block ends first.
+template <int kL>
+__device__ __forceinline__ void cluster_merge(const MlaAbsorbedParams& p, const float (&o)[kL / kWarps / 8][4],
+                                              const float (&m_run)[2], const float (&l_run)[2], uint8_t* smem,
+                                              int partial, int t, int h0, int heads) {
+  namespace cg = cooperative_groups;
+  constexpr int kDimsPerWarp = kL / kWarps, kNTiles = kDimsPerWarp / 8, kQuads = kL / 4;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = int(cluster.block_rank()), size = int(cluster.num_blocks());
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c2 = (lane % 4) * 2;
+  // The tiles are dead: every warp is past its last MMA, and no copy is in flight.
+  cp_async_wait<0>();
+  __syncthreads();
+  auto* o_s = reinterpret_cast<float*>(smem);                      // [16 heads][kL]
+  auto* stats = reinterpret_cast<float2*>(o_s + kHeadsPerBlock * kL);  // [16 heads] (m, l)
+  if (warp == 0 && lane % 4 == 0) {
+    stats[g] = make_float2(m_run[0], l_run[0]);
+    stats[g + 8] = make_float2(m_run[1], l_run[1]);
+  }
+  cluster.sync();
+  float w_self[2], lse[2], inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = g + 8 * r;
+    float mx = -INFINITY;
+    for (int b = 0; b < size; ++b) mx = fmaxf(mx, cluster.map_shared_rank(stats, b)[row].x);
+    float sum = 0.0f;
+    for (int b = 0; b < size; ++b) {
+      const float2 ml = cluster.map_shared_rank(stats, b)[row];
+      sum += ml.x == -INFINITY ? 0.0f : ml.y * exp2f(ml.x - mx);
+    }
+    w_self[r] = m_run[r] == -INFINITY ? 0.0f : exp2f(m_run[r] - mx);
+    inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
+    lse[r] = sum > 0.0f ? mx + log2f(sum) : -INFINITY;
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+      const int dim = warp * kDimsPerWarp + j * 8 + c2;
+      const float w = w_self[r] * inv[r];
+      *reinterpret_cast<float2*>(o_s + (g + 8 * r) * kL + dim) = make_float2(o[j][2 * r] * w, o[j][2 * r + 1] * w);
+    }
+  cluster.sync();
+  const int num_partials = (p.num_splits + size - 1) / size;
+  for (int item = rank * blockDim.x + tid; item < kHeadsPerBlock * kQuads; item += size * blockDim.x) {
+    const int row = item / kQuads, quad = item % kQuads;
+    if (row >= heads) continue;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int b = 0; b < size; ++b) {
+      const float4 v = reinterpret_cast<const float4*>(cluster.map_shared_rank(o_s, b))[item];
+      acc.x += v.x;
+      acc.y += v.y;
+      acc.z += v.z;
+      acc.w += v.w;
+    }
+    const int64_t th = int64_t(t) * p.num_heads + h0 + row;
+    if (num_partials == 1) {
+      auto* dst = reinterpret_cast<__nv_bfloat162*>(p.out + th * kL + quad * 4);
+      dst[0] = __floats2bfloat162_rn(acc.x, acc.y);
+      dst[1] = __floats2bfloat162_rn(acc.z, acc.w);
+    } else {
+      const int64_t sth = int64_t(partial) * p.num_tokens * p.num_heads + th;
+      *reinterpret_cast<float4*>(p.partial_out + sth * kL + quad * 4) = acc;
+    }
+  }
+  if (num_partials > 1 && rank == 0 && warp == 0 && lane % 4 == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = g + 8 * r;
+      if (row < heads)
+        p.partial_lse[int64_t(partial) * p.num_tokens * p.num_heads + int64_t(t) * p.num_heads + h0 + row] = lse[r];
+    }
+  }
+  cluster.sync();  // the other blocks' reads of this block's shared memory are done
+}
 
 // One block: 16 heads of one token over one split of its context, in tiles of
 // kBlockN latent rows streamed through a kStages-deep cp.async ring.
@@ -111,7 +229,8 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) mla_absorbed_mma_ke
   const int chunk = split_chunk(range.attend, p.num_splits);
   const int begin = split * chunk, end = min(begin + chunk, range.attend);
 
-  if (begin >= end) {  // this split got no rows: an empty partial result
+  const int cluster_size = p.split_cluster;
+  if (begin >= end && cluster_size == 1) {  // this split got no rows: an empty partial result
     if (p.num_splits > 1) {
       // Weight 0: the merge skips this split's (unwritten) partial rows.
       const int64_t sth0 = (int64_t(split) * p.num_tokens + t) * p.num_heads + h0;
@@ -190,6 +309,10 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) mla_absorbed_mma_ke
       qf[kt][1] = hi_ok ? __ldg(reinterpret_cast<const unsigned int*>(q_hi + d)) : 0u;
       qf[kt][2] = lo_ok ? __ldg(reinterpret_cast<const unsigned int*>(q_lo + d + 8)) : 0u;
       qf[kt][3] = hi_ok ? __ldg(reinterpret_cast<const unsigned int*>(q_hi + d + 8)) : 0u;
+      if (kFp8 && kt < kLatentSteps) {  // meets the fp16 latent tile
+#pragma unroll
+        for (int i = 0; i < 4; ++i) qf[kt][i] = bf16x2_to_f16x2(qf[kt][i]);
+      }
     }
   }
   // ldmatrix addresses. q·k: this lane's row of the warp's 16, at chunk
@@ -233,15 +356,19 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) mla_absorbed_mma_ke
       next_slot = slot_of(ahead + 1);  // consumed next iteration: latency hidden
     }
     if constexpr (kFp8) {
-      // Raw tile -> the bf16 tile: this thread's row, every 4th 8-value chunk.
+      // Raw tile -> the 16-bit tile: this thread's row, every 4th 8-value
+      // chunk; latent values as fp16 of value x 2^-8 (scales applied later).
       const uint8_t* raw = raw_s + ((it % kStages) * kBlockN + load_row) * kFp8Layout.slot_bytes();
       __nv_bfloat16* dst = kv_s + load_row * kD;
 #pragma unroll
       for (int i = 0; i < kL / 8 / kLoadersPerRow; ++i) {
         const int chunk = load_chunk0 + kLoadersPerRow * i;
-        float v[8];
-        load_fp8_kv_latent8(raw, kFp8Layout, chunk * 8, v);
-        Bf16x8::from_float(v).store(dst + swizzle_chunk(chunk, load_row) * 8);
+        const uint2 b = *reinterpret_cast<const uint2*>(raw + chunk * 8);
+        const uint4 h = make_uint4(e4m3x2_to_f16x2_scaled(__byte_perm(b.x, 0, 0x4140)),
+                                   e4m3x2_to_f16x2_scaled(__byte_perm(b.x, 0, 0x4342)),
+                                   e4m3x2_to_f16x2_scaled(__byte_perm(b.y, 0, 0x4140)),
+                                   e4m3x2_to_f16x2_scaled(__byte_perm(b.y, 0, 0x4342)));
+        *reinterpret_cast<uint4*>(dst + swizzle_chunk(chunk, load_row) * 8) = h;
       }
 #pragma unroll
       for (int i = 0; i < kR / 8 / kLoadersPerRow; ++i) {
@@ -252,20 +379,58 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) mla_absorbed_mma_ke
       __syncthreads();
     }
 
-    // Partial S{16 heads, this warp's 16 rows} over its half of the dims;
-    // even and odd k-steps in separate accumulators (half the mma chain).
-    float sa[2][2][4] = {};
+    // The FP8 tile's per-row, per-128-dims scales (x 2^8, undoing the fp16
+    // expansion's 2^-8) for kv row `row` of this tile, group `group`.
+    const uint8_t* raw_tile = raw_s + (it % kStages) * kBlockN * kFp8Layout.slot_bytes();
+    auto fp8_row_scale = [&](int row, int group) {
+      return 256.0f *
+             reinterpret_cast<const float*>(raw_tile + row * kFp8Layout.slot_bytes() + kFp8Layout.scale_offset())[group];
+    };
+    if constexpr (kFp8) {
+      // Partial S over this warp's half: its two 128-dim latent groups in
+      // separate accumulators (each scaled per kv row afterwards) and rope.
+      static_assert(kL / 2 == 2 * kFp8KvGroup, "a warp's latent half is two scale groups");
+      float sg[3][2][4] = {};
 #pragma unroll
-    for (int kt = 0; kt < kQkSteps; ++kt) {
-      uint32_t b[4];
-      ldmatrix_x4(b, tile_s + qk_offset(kt));
-      mma_bf16_16816(sa[kt % 2][0], qf[kt], b[0], b[1]);
-      mma_bf16_16816(sa[kt % 2][1], qf[kt], b[2], b[3]);
+      for (int kt = 0; kt < kQkSteps; ++kt) {
+        uint32_t b[4];
+        ldmatrix_x4(b, tile_s + qk_offset(kt));
+        const int acc = kt < kLatentSteps ? kt / (kLatentSteps / 2) : 2;
+        if (kt < kLatentSteps) {
+          mma_f16_16816(sg[acc][0], qf[kt], b[0], b[1]);
+          mma_f16_16816(sg[acc][1], qf[kt], b[2], b[3]);
+        } else {
+          mma_bf16_16816(sg[acc][0], qf[kt], b[0], b[1]);
+          mma_bf16_16816(sg[acc][1], qf[kt], b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int row = row_half * 16 + nt * 8 + c2;  // kv rows of columns c2, c2 + 1
+        const float f0 = fp8_row_scale(row, 2 * k_half), f1 = fp8_row_scale(row + 1, 2 * k_half);
+        const float g0 = fp8_row_scale(row, 2 * k_half + 1), g1 = fp8_row_scale(row + 1, 2 * k_half + 1);
+        score_x[(warp * 2 + nt) * 32 + lane] =
+            make_float4(sg[0][nt][0] * f0 + sg[1][nt][0] * g0 + sg[2][nt][0],
+                        sg[0][nt][1] * f1 + sg[1][nt][1] * g1 + sg[2][nt][1],
+                        sg[0][nt][2] * f0 + sg[1][nt][2] * g0 + sg[2][nt][2],
+                        sg[0][nt][3] * f1 + sg[1][nt][3] * g1 + sg[2][nt][3]);
+      }
+    } else {
+      // Partial S{16 heads, this warp's 16 rows} over its half of the dims;
+      // even and odd k-steps in separate accumulators (half the mma chain).
+      float sa[2][2][4] = {};
+#pragma unroll
+      for (int kt = 0; kt < kQkSteps; ++kt) {
+        uint32_t b[4];
+        ldmatrix_x4(b, tile_s + qk_offset(kt));
+        mma_bf16_16816(sa[kt % 2][0], qf[kt], b[0], b[1]);
+        mma_bf16_16816(sa[kt % 2][1], qf[kt], b[2], b[3]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+        score_x[(warp * 2 + nt) * 32 + lane] = make_float4(sa[0][nt][0] + sa[1][nt][0], sa[0][nt][1] + sa[1][nt][1],
+                                                           sa[0][nt][2] + sa[1][nt][2], sa[0][nt][3] + sa[1][nt][3]);
     }
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-      score_x[(warp * 2 + nt) * 32 + lane] = make_float4(sa[0][nt][0] + sa[1][nt][0], sa[0][nt][1] + sa[1][nt][1],
-                                                         sa[0][nt][2] + sa[1][nt][2], sa[0][nt][3] + sa[1][nt][3]);
     __syncthreads();
 
     // Full S{16, 32} in C-fragment layout: n-tile n covers rows 8n..8n+7,
@@ -303,8 +468,17 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) mla_absorbed_mma_ke
       const float p2 = exp2f(s[n][2] - m_run[1]), p3 = exp2f(s[n][3] - m_run[1]);
       sum[0] += p0 + p1;
       sum[1] += p2 + p3;
-      pa[n / 2][(n % 2) * 2] = pack_bf16x2(p0, p1);
-      pa[n / 2][(n % 2) * 2 + 1] = pack_bf16x2(p2, p3);
+      if constexpr (kFp8) {
+        // This warp's 128 output dims are one scale group: P takes the
+        // group's per-row scale, so the fp16 tile needs no multiply.
+        const int row = n * 8 + c2;
+        const float f0 = fp8_row_scale(row, warp), f1 = fp8_row_scale(row + 1, warp);
+        pa[n / 2][(n % 2) * 2] = pack_f16x2(p0 * f0, p1 * f1);
+        pa[n / 2][(n % 2) * 2 + 1] = pack_f16x2(p2 * f0, p3 * f1);
+      } else {
+        pa[n / 2][(n % 2) * 2] = pack_bf16x2(p0, p1);
+        pa[n / 2][(n % 2) * 2 + 1] = pack_bf16x2(p2, p3);
+      }
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + sum[r];
@@ -323,8 +497,13 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) mla_absorbed_mma_ke
       for (int j = 0; j < kNTiles; j += 2) {
         uint32_t b[4];
         ldmatrix_x4_trans(b, tile_s + pv_offset(kk, j));
-        mma_bf16_16816(o[j], pa[kk], b[0], b[1]);
-        mma_bf16_16816(o[j + 1], pa[kk], b[2], b[3]);
+        if constexpr (kFp8) {
+          mma_f16_16816(o[j], pa[kk], b[0], b[1]);
+          mma_f16_16816(o[j + 1], pa[kk], b[2], b[3]);
+        } else {
+          mma_bf16_16816(o[j], pa[kk], b[0], b[1]);
+          mma_bf16_16816(o[j + 1], pa[kk], b[2], b[3]);
+        }
       }
     }
   }
@@ -336,6 +515,10 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) mla_absorbed_mma_ke
   for (int r = 0; r < 2; ++r) {
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+  if (cluster_size > 1) {
+    cluster_merge<kL>(p, o, m_run, l_run, smem_raw, split / cluster_size, t, h0, heads);
+    return;
   }
   const float inv[2] = {1.0f / l_run[0], 1.0f / l_run[1]};
 #pragma unroll
@@ -380,14 +563,16 @@ __global__ void __launch_bounds__(kMergeGroups * kMergeDims / 4) mla_merge_kerne
   grid_dependency_wait();
   const int64_t th = blockIdx.x;  // blockIdx.y picks a slice of the latent dims
   const int64_t stride = int64_t(p.num_tokens) * p.num_heads;
-  for (int s = threadIdx.x; s < p.num_splits; s += blockDim.x) weight[s] = p.partial_lse[s * stride + th];
+  // One partial per cluster of splits (the kernel merged each cluster's own).
+  const int num_partials = (p.num_splits + p.split_cluster - 1) / p.split_cluster;
+  for (int s = threadIdx.x; s < num_partials; s += blockDim.x) weight[s] = p.partial_lse[s * stride + th];
   __syncthreads();
   if (threadIdx.x < 32) {
     float m = -INFINITY;
-    for (int s = threadIdx.x; s < p.num_splits; s += 32) m = fmaxf(m, weight[s]);
+    for (int s = threadIdx.x; s < num_partials; s += 32) m = fmaxf(m, weight[s]);
     m = warp_max(m);
     float sum = 0.0f;
-    for (int s = threadIdx.x; s < p.num_splits; s += 32) {
+    for (int s = threadIdx.x; s < num_partials; s += 32) {
       const float w = weight[s] == -INFINITY ? 0.0f : exp2f(weight[s] - m);
       weight[s] = w;
       sum += w;
@@ -395,7 +580,7 @@ __global__ void __launch_bounds__(kMergeGroups * kMergeDims / 4) mla_merge_kerne
     sum = warp_sum(sum);
     __syncwarp();
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    for (int s = threadIdx.x; s < p.num_splits; s += 32) weight[s] *= inv;
+    for (int s = threadIdx.x; s < num_partials; s += 32) weight[s] *= inv;
   }
   __syncthreads();
   const int quad = threadIdx.x % kQuads, group = threadIdx.x / kQuads;
@@ -403,7 +588,7 @@ __global__ void __launch_bounds__(kMergeGroups * kMergeDims / 4) mla_merge_kerne
   const float* src = p.partial_out + th * p.latent_dim + d;
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 8
-  for (int s = group; s < p.num_splits; s += kMergeGroups) {
+  for (int s = group; s < num_partials; s += kMergeGroups) {
     const float w = weight[s];
     if (w == 0.0f) continue;  // an empty split (or one that underflows): its rows may be garbage
     const float4 v = *reinterpret_cast<const float4*>(src + s * stride * p.latent_dim);
@@ -476,16 +661,34 @@ template <int kStages, int kBlocksPerSm, bool kFp8>
 void launch_mma(const MlaAbsorbedParams& p, cudaStream_t stream) {
   auto kernel = mla_absorbed_mma_kernel<512, 64, kStages, kBlocksPerSm, kFp8>;
   constexpr size_t smem = mma_smem_bytes<512, 64, kStages, kFp8>();
+  static_assert(smem >= sizeof(float) * (kHeadsPerBlock * 512 + 2 * kHeadsPerBlock), "cluster merge buffers");
   static bool attribute_set = false;  // once per process and variant
   if (!attribute_set) {
     MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
                    "mla_attention_absorbed");
     attribute_set = true;
   }
-  const dim3 grid(p.num_splits, (p.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock, p.num_tokens);
-  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+  const int num_partials = (p.num_splits + p.split_cluster - 1) / p.split_cluster;
+  const dim3 grid(num_partials * p.split_cluster, (p.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock, p.num_tokens);
+  if (p.split_cluster == 1) {
+    kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+  } else {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = dim3(kWarps * 32);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = unsigned(p.split_cluster);
+    attribute[0].val.clusterDim.y = 1;
+    attribute[0].val.clusterDim.z = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p), "mla_attention_absorbed (split cluster)");
+  }
   check_launch("mla_attention_absorbed");
-  if (p.num_splits > 1) {
+  if (num_partials > 1) {
     cudaLaunchConfig_t config = {};
     static_assert(512 % kMergeDims == 0, "merge slices tile the latent");
     config.gridDim = dim3(p.num_tokens * p.num_heads, 512 / kMergeDims);
@@ -549,12 +752,18 @@ void mla_attention_absorbed(const MlaAbsorbedParams& p, cudaStream_t stream) {
   MLA_CUDA_REQUIRE(p.num_splits >= 1 && p.num_splits <= kMaxSplits,
                    "mla_attention_absorbed: num_splits " + std::to_string(p.num_splits) + " outside [1, " +
                        std::to_string(kMaxSplits) + "]");
-  MLA_CUDA_REQUIRE(p.num_splits == 1 || (p.partial_out && p.partial_lse),
+  MLA_CUDA_REQUIRE(p.split_cluster >= 0 && p.split_cluster <= kMaxSplitCluster,
+                   "mla_attention_absorbed: split_cluster " + std::to_string(p.split_cluster) + " outside [0, " +
+                       std::to_string(kMaxSplitCluster) + "]");
+  MlaAbsorbedParams q = p;
+  if (q.split_cluster == 0) q.split_cluster = std::min(q.num_splits, kDefaultSplitCluster);
+  q.split_cluster = std::min(q.split_cluster, q.num_splits);
+  MLA_CUDA_REQUIRE(q.num_splits == q.split_cluster || (q.partial_out && q.partial_lse),
                    std::string("mla_attention_absorbed: split-KV needs workspace"));
-  if (p.fp8_cache)
-    launch_mma<kDecodeStages, kDecodeBlocksPerSm, true>(p, stream);
+  if (q.fp8_cache)
+    launch_mma<kDecodeStages, kDecodeBlocksPerSm, true>(q, stream);
   else
-    launch_mma<kDecodeStages, kDecodeBlocksPerSm, false>(p, stream);
+    launch_mma<kDecodeStages, kDecodeBlocksPerSm, false>(q, stream);
 }
 
 }  // namespace mlaserve::cuda

@@ -6,7 +6,9 @@
 // One latent "KV head" serves all H query heads, so a block takes 16 heads
 // of one token and every latent row it loads feeds all 16 (FlashMLA's idea;
 // QK and PV on tensor cores). Small batches split the KV sequence across
-// blocks and a merge kernel combines the partial softmax results.
+// blocks; the splits of one thread-block cluster merge their partial softmax
+// results on chip (distributed shared memory), and a merge kernel combines
+// the clusters' results when more than one cluster covers a context.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -21,6 +23,9 @@ struct MlaAbsorbedParams {
   // Or an FP8 cache (kernels/fp8_kv_layout.h, Fp8KvLayout{L, R}) with cache
   // null: slots are dequantized to bf16 tiles in shared memory, so decode
   // reads 656 instead of 1152 bytes a token at V3 widths.
+  // FP8 latent values enter the MMAs as fp16 (an exact integer widening of
+  // e4m3, value x 2^-8) and the per-row, per-128 scales are applied to the
+  // f32 scores and to P, so no per-value multiply or float conversion.
   const uint8_t* fp8_cache = nullptr;
   const int32_t* q_indptr = nullptr;     // {B + 1}
   const int32_t* kv_indptr = nullptr;    // {B + 1}
@@ -28,10 +33,14 @@ struct MlaAbsorbedParams {
   int num_seqs = 0, num_tokens = 0, num_heads = 0, latent_dim = 0, rope_dim = 0;
   float scale = 1.0f;
   __nv_bfloat16* out = nullptr;  // {T, H, L}
-  // Split-KV scratch (num_splits > 1): {num_splits, T, H, L} and {num_splits, T, H} f32.
+  // Split-KV scratch (num_splits > split_cluster): {num_splits, T, H, L} and {num_splits, T, H} f32
+  // (mla_absorbed_workspace_bytes; only the first ceil(num_splits / split_cluster) are used).
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
   int num_splits = 1;
+  // Consecutive splits merged on chip by one thread-block cluster, 1-8; 0:
+  // min(num_splits, 8). 1 is the plain kernel plus the merge kernel.
+  int split_cluster = 0;
 };
 
 // Splits that fill the GPU for this many tokens and heads. max_kv_len only
