@@ -220,6 +220,16 @@ class Backend {
   // topk_weights F32 {T, k} (normalized and scaled per RouterParams).
   virtual void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& p,
                          Tensor topk_ids, Tensor topk_weights) = 0;
+  // The router's logits and moe_route in one op: logits{T, E} F32 =
+  // h{T, D} · router{E, D}ᵀ (linear_f32_out), then moe_route(logits, bias,
+  // p, topk_ids, topk_weights). This default runs exactly those two ops (the
+  // CPU reference); CUDA fuses them into one launch for decode-sized T.
+  virtual void moe_select(const Tensor& h, const Weight& router, const Tensor& bias, const RouterParams& p,
+                          Tensor topk_ids, Tensor topk_weights) {
+    Tensor logits = alloc({h.dim(0), router.out_features()}, DType::F32);
+    linear_f32_out(h, router, logits);
+    moe_route(logits, bias, p, topk_ids, topk_weights);
+  }
   // out{T, D} = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])
   //             + shared(x[t]) when the experts were loaded with shared ones,
   // expert(x) = down(silu(gate(x)) * up(x)), likewise shared(x).
