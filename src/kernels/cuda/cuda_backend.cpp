@@ -21,6 +21,7 @@
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/head_bmm_small.h"
 #include "kernels/cuda/moe_router.h"
+#include "kernels/cuda/moe_select.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/skinny_gemm.h"
@@ -103,6 +104,7 @@ CudaBackend::CudaBackend() : allocator_(std::make_shared<DeviceAllocator>()), fp
   MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, 0), "backend start-up");
   gemm_ = std::make_unique<CublasLtGemm>();
   fp8_linear_ = std::make_unique<Fp8Linear>();
+  moe_select_ws_ = std::make_unique<MoeSelectWorkspace>();
   pinned_bytes_ = size_t(1) << 20;
   MLA_CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_), "backend start-up");
   MLA_CUDA_CHECK(cudaEventCreateWithFlags(&staging_free_, cudaEventDisableTiming), "backend start-up");
@@ -113,6 +115,7 @@ CudaBackend::~CudaBackend() {
   bf16_copies_.clear();
   gemm_.reset();
   fp8_linear_.reset();
+  moe_select_ws_.reset();
   if (pinned_) cudaFreeHost(pinned_);
   if (staging_free_) cudaEventDestroy(staging_free_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -696,18 +699,18 @@ void CudaBackend::mla_attention_expanded(const Tensor& q, const Tensor& kv, cons
   cuda::mla_attention_expanded(p, stream_);
 }
 
-void CudaBackend::moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& rp, Tensor topk_ids,
-                            Tensor topk_weights) {
-  check_dev(logits, DType::F32, "moe_route", "logits");
-  const int64_t T = logits.dim(0), E = logits.dim(1);
+namespace {
+
+// RouterParams (and the op's bias and outputs) as the router kernels take them.
+MoeRouteParams route_params(const Tensor& bias, const RouterParams& rp, int64_t T, int64_t E, Tensor topk_ids,
+                            Tensor topk_weights, const char* op) {
   MLA_CHECK(topk_ids.shape() == Shape({T, rp.top_k}) && topk_weights.shape() == Shape({T, rp.top_k}),
-            "moe_route: ids {} and weights {} for {} tokens, top_k {}", shape_str(topk_ids.shape()),
+            "{}: ids {} and weights {} for {} tokens, top_k {}", op, shape_str(topk_ids.shape()),
             shape_str(topk_weights.shape()), T, rp.top_k);
   MoeRouteParams p;
-  p.logits = logits.data<float>();
   if (bias.defined()) {
-    check_dev(bias, DType::F32, "moe_route", "bias");
-    MLA_CHECK(bias.numel() == E, "moe_route: bias of {} for {} experts", bias.numel(), E);
+    check_dev(bias, DType::F32, op, "bias");
+    MLA_CHECK(bias.numel() == E, "{}: bias of {} for {} experts", op, bias.numel(), E);
     p.bias = bias.data<float>();
   }
   p.num_tokens = int(T);
@@ -721,11 +724,35 @@ void CudaBackend::moe_route(const Tensor& logits, const Tensor& bias, const Rout
   p.topk_group = rp.topk_group;
   p.renormalize = rp.renormalize;
   p.scaling = rp.scaling;
-  check_dev(topk_ids, DType::I32, "moe_route", "topk_ids");
-  check_dev(topk_weights, DType::F32, "moe_route", "topk_weights");
+  check_dev(topk_ids, DType::I32, op, "topk_ids");
+  check_dev(topk_weights, DType::F32, op, "topk_weights");
   p.topk_ids = topk_ids.data<int32_t>();
   p.topk_weights = topk_weights.data<float>();
+  return p;
+}
+
+}  // namespace
+
+void CudaBackend::moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& rp, Tensor topk_ids,
+                            Tensor topk_weights) {
+  check_dev(logits, DType::F32, "moe_route", "logits");
+  MoeRouteParams p = route_params(bias, rp, logits.dim(0), logits.dim(1), topk_ids, topk_weights, "moe_route");
+  p.logits = logits.data<float>();
   cuda::moe_route(p, stream_);
+}
+
+void CudaBackend::moe_select(const Tensor& h, const Weight& router, const Tensor& bias, const RouterParams& rp,
+                             Tensor topk_ids, Tensor topk_weights) {
+  const int64_t T = row_count(h), E = router.out_features(), D = router.in_features();
+  MLA_CHECK(h.dim(-1) == D, "moe_select: h {} for router {}", shape_str(h.shape()), shape_str(router.w.shape()));
+  const bool fused = !router.is_fp8() && router.w.dtype() == DType::BF16 &&
+                     moe_select_applies(bf(h, "moe_select", "h"), router.w.data<__nv_bfloat16>(), T, E, D);
+  if (!fused) {  // larger batches: the skinny / cuBLASLt GEMM and the router kernel
+    Backend::moe_select(h, router, bias, rp, topk_ids, topk_weights);
+    return;
+  }
+  const MoeRouteParams p = route_params(bias, rp, T, E, topk_ids, topk_weights, "moe_select");
+  cuda::moe_select(h.data<__nv_bfloat16>(), router.w.data<__nv_bfloat16>(), D, p, *moe_select_ws_, stream_);
 }
 
 void CudaBackend::moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids,

@@ -18,6 +18,7 @@
 namespace mlaserve::cuda {
 
 class Fp8Linear;
+struct MoeSelectWorkspace;
 
 class CudaBackend final : public Backend {
  public:
@@ -57,6 +58,8 @@ class CudaBackend final : public Backend {
                               float scale, Tensor out) override;
   void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& p, Tensor topk_ids,
                  Tensor topk_weights) override;
+  void moe_select(const Tensor& h, const Weight& router, const Tensor& bias, const RouterParams& p,
+                  Tensor topk_ids, Tensor topk_weights) override;
   void moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids, const Tensor& topk_weights,
                    Tensor out) override;
   void argmax_rows(const Tensor& logits, Tensor ids) override;
@@ -102,6 +105,7 @@ class CudaBackend final : public Backend {
   std::shared_ptr<DeviceAllocator> allocator_;
   std::unique_ptr<CublasLtGemm> gemm_;
   std::unique_ptr<Fp8Linear> fp8_linear_;
+  std::unique_ptr<MoeSelectWorkspace> moe_select_ws_;
   bool fp8_weights_ = true;
   std::unordered_map<const void*, Tensor> bf16_copies_;
   void* pinned_ = nullptr;  // host staging for prepare_batch uploads

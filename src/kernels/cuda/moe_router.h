@@ -29,6 +29,10 @@ struct MoeRouteParams {
 constexpr int kMaxRoutedExperts = 512;
 constexpr int kMaxTopK = 16;
 
+// Throws (naming op) unless p's expert count, top_k and grouping are ones
+// the selection handles.
+void require_valid_route(const MoeRouteParams& p, const char* op);
+
 void moe_route(const MoeRouteParams& p, cudaStream_t stream);
 
 }  // namespace mlaserve::cuda

@@ -1,0 +1,141 @@
+#pragma once
+// One token's expert selection by one warp (moe_router.h's MoeRouteParams):
+// shared by the router kernel and moe_select's fused logits + selection.
+// sel_s (kMaxRoutedExperts floats) and group_kept (32) are the warp's own
+// shared-memory scratch. Logits are read through L2 (__ldcg): moe_select's
+// last block reads those the other blocks of its grid wrote.
+#include "kernels/cuda/bf16_vec.cuh"
+#include "kernels/cuda/moe_router.h"
+
+namespace mlaserve::cuda {
+
+constexpr int kRoutePerLane = kMaxRoutedExperts / 32;
+
+// Warp-wide argmax; ties go to the lower expert index (deterministic).
+__device__ __forceinline__ void warp_argmax(float& v, int& idx) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (ov > v || (ov == v && oi < idx)) {
+      v = ov;
+      idx = oi;
+    }
+  }
+}
+
+__device__ __forceinline__ void route_token(const MoeRouteParams& p, int t, float* sel_s, bool* group_kept) {
+  const int lane = threadIdx.x % 32;
+  const int E = p.num_experts;
+  const float* logits = p.logits + int64_t(t) * E;
+
+  // Scores: lane holds experts lane + 32 i.
+  float score[kRoutePerLane];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kRoutePerLane; ++i) {
+    const int e = lane + 32 * i;
+    score[i] = e < E ? __ldcg(logits + e) : -INFINITY;
+    mx = fmaxf(mx, score[i]);
+  }
+  if (p.sigmoid) {
+#pragma unroll
+    for (int i = 0; i < kRoutePerLane; ++i) score[i] = 1.0f / (1.0f + __expf(-score[i]));
+  } else {
+    mx = warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kRoutePerLane; ++i) {
+      score[i] = lane + 32 * i < E ? __expf(score[i] - mx) : 0.0f;
+      sum += score[i];
+    }
+    sum = warp_sum(sum);
+#pragma unroll
+    for (int i = 0; i < kRoutePerLane; ++i) score[i] /= sum;
+  }
+  const bool biased = p.method == RouteMethod::NoauxTc && p.bias;
+  float sel[kRoutePerLane];
+#pragma unroll
+  for (int i = 0; i < kRoutePerLane; ++i) {
+    const int e = lane + 32 * i;
+    sel[i] = e < E ? score[i] + (biased ? p.bias[e] : 0.0f) : -INFINITY;
+    if (e < E) sel_s[e] = sel[i];
+  }
+  __syncwarp();
+
+  // Group-limited: keep the topk_group best groups (max score, or the sum of
+  // the top two biased scores for NoauxTc), then pick experts inside them.
+  if (p.method != RouteMethod::Greedy && p.n_group > 1) {
+    const int group_size = E / p.n_group;
+    float gscore = -INFINITY;
+    if (lane < p.n_group) {
+      float a = -INFINITY, b = -INFINITY;  // best and second best in the group
+      for (int e = lane * group_size; e < (lane + 1) * group_size; ++e) {
+        const float v = sel_s[e];
+        if (v > a) {
+          b = a;
+          a = v;
+        } else if (v > b) {
+          b = v;
+        }
+      }
+      gscore = p.method == RouteMethod::NoauxTc ? a + b : a;
+    }
+    group_kept[lane] = false;
+    __syncwarp();
+    for (int k = 0; k < p.topk_group; ++k) {
+      float v = gscore;
+      int idx = lane < p.n_group ? lane : 1 << 30;
+      warp_argmax(v, idx);
+      if (lane == idx) {
+        group_kept[lane] = true;
+        gscore = -INFINITY;
+      }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < kRoutePerLane; ++i) {
+      const int e = lane + 32 * i;
+      if (e < E && !group_kept[e / group_size]) sel[i] = -INFINITY;
+    }
+  }
+
+  // Top-k by selection score; weights from the unbiased scores.
+  float chosen_weight = 0.0f, weight_sum = 0.0f;
+  int chosen_id = 0;
+  for (int k = 0; k < p.top_k; ++k) {
+    float v = -INFINITY;
+    int idx = 1 << 30;
+#pragma unroll
+    for (int i = 0; i < kRoutePerLane; ++i) {
+      const int e = lane + 32 * i;
+      if (e < E && (sel[i] > v || idx == (1 << 30))) {
+        v = sel[i];
+        idx = e;
+      }
+    }
+    warp_argmax(v, idx);
+    const int owner = idx % 32, slot = idx / 32;
+    float w = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kRoutePerLane; ++i)
+      if (i == slot && lane == owner) {
+        w = score[i];
+        sel[i] = -INFINITY;  // taken
+      }
+    w = __shfl_sync(0xffffffffu, w, owner);
+    weight_sum += w;
+    if (lane == k) {
+      chosen_weight = w;
+      chosen_id = idx;
+    }
+  }
+  if (lane < p.top_k) {
+    const float norm = p.renormalize ? 1.0f / weight_sum : 1.0f;
+    p.topk_ids[int64_t(t) * p.top_k + lane] = chosen_id;
+    p.topk_weights[int64_t(t) * p.top_k + lane] = chosen_weight * norm * p.scaling;
+  }
+}
+
+
+}  // namespace mlaserve::cuda
