@@ -20,11 +20,9 @@ void dense_mlp(Backend& backend, const MlpWeights& w, const Tensor& h, Tensor ou
 }
 
 void moe_block(Backend& backend, const MoeWeights& w, const Tensor& h, Tensor out) {
-  const int64_t T = h.dim(0), E = w.router.out_features(), k = w.routing.top_k;
-  Tensor logits = backend.alloc({T, E}, DType::F32);
-  backend.linear_f32_out(h, w.router, logits);
+  const int64_t T = h.dim(0), k = w.routing.top_k;
   Tensor ids = backend.alloc({T, k}, DType::I32), weights = backend.alloc({T, k}, DType::F32);
-  backend.moe_route(logits, w.score_correction_bias, w.routing, ids, weights);
+  backend.moe_select(h, w.router, w.score_correction_bias, w.routing, ids, weights);  // router logits + top-k
   backend.moe_experts(h, w.experts, ids, weights, out);  // shared experts included
 }
 
