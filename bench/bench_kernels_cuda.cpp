@@ -30,6 +30,8 @@
 #include "kernels/cuda/mla_absorbed.h"
 #include "kernels/cuda/mla_expanded.h"
 #include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe_router.h"
+#include "kernels/cuda/moe_select.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/skinny_gemm.h"
 
@@ -363,6 +365,33 @@ void moe_counters(benchmark::State& state, double seconds, const MoeInputs& m, i
 // The fused op with the shared experts folded in. Args: tokens, path (0 auto,
 // 1 grouped, 2 small), then the small path's tuning: gate_up columns per
 // warp, down rows per warp, down rows per block (one run ranks the variants).
+// Router logits + selection at decode sizes, V2-Lite (64 experts, top-6,
+// softmax): moe_select's one launch (fused = 1) vs the skinny GEMM into f32
+// logits then the router kernel (fused = 0). Args: tokens, fused.
+void BM_MoeSelect(benchmark::State& state) {
+  const int64_t T = state.range(0);
+  const bool fused = state.range(1) != 0;
+  auto h = random_bf16(T * kHidden, 1), w = random_bf16(kExperts * kHidden, 2);
+  DeviceBuffer logits(T * kExperts * 4), ids(T * kTopK * 4), weights(T * kTopK * 4);
+  MoeSelectWorkspace ws;
+  MoeRouteParams p;
+  p.num_tokens = int(T);
+  p.num_experts = kExperts;
+  p.top_k = kTopK;
+  p.logits = logits.get<float>();
+  p.topk_ids = ids.get<int32_t>();
+  p.topk_weights = weights.get<float>();
+  const double s = run_timed(state, [&] {
+    if (fused) {
+      moe_select(h.get<__nv_bfloat16>(), w.get<__nv_bfloat16>(), kHidden, p, ws, nullptr);
+    } else {
+      skinny_gemm(h.get<__nv_bfloat16>(), w.get<__nv_bfloat16>(), T, kExperts, kHidden, logits.get(), true, nullptr);
+      moe_route(p, nullptr);
+    }
+  });
+  report(state, s, double(kExperts * kHidden + T * kHidden) * 2, 2.0 * T * kExperts * kHidden);
+}
+
 void BM_MoeFused(benchmark::State& state) {
   MoeInputs m = make_moe(int(state.range(0)));
   MoeExpertsParams p;
@@ -445,6 +474,7 @@ BENCHMARK(BM_MlaDecode)
 BENCHMARK(BM_MlaDecodeFp8Cache)->Args({1, 4096})->Args({1, 32768})->Args({64, 8192})->Args({128, 4096})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_MlaPrefill)->Args({1, 4096})->Args({8, 512})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
+BENCHMARK(BM_MoeSelect)->ArgsProduct({{1, 4, 8}, {0, 1}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
 BENCHMARK(BM_MoeFused)
     ->ArgsProduct({{1, 2, 4, 8}, {1, 2}, {2}, {2}, {8}})
     ->Args({16, 0, 2, 2, 8})->Args({64, 0, 2, 2, 8})->Args({512, 0, 2, 2, 8})->Args({512, 1, 2, 2, 8})
