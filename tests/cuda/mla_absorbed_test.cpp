@@ -154,6 +154,10 @@ TEST(MlaAbsorbed, SplitCountGivesEverySplitRows) {
       }
   EXPECT_EQ(mla_absorbed_num_splits(1, 16, 132, 4096), 64);
   EXPECT_EQ(mla_absorbed_num_splits(128, 16, 132, 4096), 2);
+  // Up to 4 tokens a split may be one tile (the H200 timed 1 x 512 faster at
+  // 16 splits than at 8); larger batches keep two tiles a split.
+  EXPECT_EQ(mla_absorbed_num_splits(1, 128, 132, 512), 16);
+  EXPECT_LE(mla_absorbed_num_splits(8, 128, 132, 512), 8);
 }
 
 TEST(MlaAbsorbed, ExtendRowsAreCausalWithinTheNewTokens) {

@@ -21,11 +21,18 @@ constexpr int kWarps = 4;
 constexpr int kLoadersPerRow = 4;  // threads copying one latent row
 constexpr int kMaxSplits = 64;
 // Splits merged on chip by one thread-block cluster (8: the portable maximum).
-constexpr int kMaxSplitCluster = 8, kDefaultSplitCluster = 8;
-// Below two tiles a split is mostly latency. (One tile: a 1 x 640 call in a
-// graph took 8.2 us at 20 splits vs 8.4 at 10, but 8 x 640 took 11.5 us at
-// 20 splits, more merge, where the previous kernel took 9.7 at 10.)
-constexpr int kMinRowsPerSplit = 2 * kBlockN;
+// The default is no cluster: on the H200 (075cfab, BM_MlaDecode, eager) the
+// on-chip merge was slower at every shape timed: 1 x 512 16.5 us (cluster 8)
+// vs 14.4 (merge kernel alone), 1 x 4096 18.3 vs 17.9, 4 x 4096 34.8 vs 22.3,
+// 64 x 8192 251 (cluster 4) vs 165 without (an earlier run). A cluster waits for its slowest split and
+// its blocks must share a GPC, which costs more than the merge kernel saves.
+constexpr int kMaxSplitCluster = 8, kDefaultSplitCluster = 1;
+// Below two tiles a split is mostly latency, except for the smallest batches.
+// (One tile: a 1 x 640 call in a graph took 8.2 us at 20 splits vs 8.4 at 10,
+// but 8 x 640 took 11.5 us at 20 splits, more merge, where the previous kernel
+// took 9.7 at 10. Eager on the H200, 075cfab: 1 x 512 12.9 us at 16 splits vs
+// 14.4 at 8; 4 x 512 13.7 vs 14.9.)
+constexpr int kMinRowsPerSplit = 2 * kBlockN, kMinRowsPerSplitSmallBatch = kBlockN, kSmallBatchTokens = 4;
 
 // Which sequence token t belongs to, and the kv range it attends to.
 struct TokenRange {
@@ -198,8 +205,14 @@ __device__ __forceinline__ void cluster_merge(const MlaAbsorbedParams& p, const 
 //
 // kFp8: the cache holds FP8 slots (fp8_kv_cache.h). cp.async brings the raw
 // slots (656 bytes at V3 widths) through the ring instead; after a tile lands
-// the block dequantizes it into one bf16 tile of the layout above (a third
-// barrier per tile), and the MMA part is unchanged.
+// the block widens it into one 16-bit tile of the layout above (a third
+// barrier per tile): latent values as fp16 (e4m3 x 2^-8, integer ops only),
+// k_pe copied as bf16. The latent MMAs run in fp16 (q converted once), the
+// per-row scales of a warp's two 128-dim groups multiply its f32 partial
+// scores, and the scale of the group a warp outputs multiplies P.
+// NOTES: on the H200 (075cfab) this ran 128 x 4096 in 212 us, the same as the
+// float dequantization into a bf16 tile it replaced (212): the conversion was
+// not what bounds the FP8 kernel (bf16: 165 us).
 template <int kL, int kR, int kStages, int kBlocksPerSm, bool kFp8>
 __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) mla_absorbed_mma_kernel(MlaAbsorbedParams p) {
   constexpr int kD = kL + kR, kLatentSteps = kL / 32, kQkSteps = kLatentSteps + kR / 32;
@@ -716,7 +729,8 @@ int mla_absorbed_num_splits(int num_tokens, int num_heads, int sm_count, int max
   const int slots = kDecodeBlocksPerSm * sm_count;
   const int blocks = std::max(1, num_tokens * ((num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
   const int kv_len = std::max(1, max_kv_len);
-  const int limit = std::clamp(kv_len / kMinRowsPerSplit, 1, kMaxSplits);
+  const int min_rows = num_tokens <= kSmallBatchTokens ? kMinRowsPerSplitSmallBatch : kMinRowsPerSplit;
+  const int limit = std::clamp(kv_len / min_rows, 1, kMaxSplits);
   int best = 1;
   double best_eff = 0;
   for (int s = 1; s <= limit; ++s) {

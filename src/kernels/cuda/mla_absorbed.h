@@ -6,9 +6,9 @@
 // One latent "KV head" serves all H query heads, so a block takes 16 heads
 // of one token and every latent row it loads feeds all 16 (FlashMLA's idea;
 // QK and PV on tensor cores). Small batches split the KV sequence across
-// blocks; the splits of one thread-block cluster merge their partial softmax
-// results on chip (distributed shared memory), and a merge kernel combines
-// the clusters' results when more than one cluster covers a context.
+// blocks and a merge kernel combines the partial softmax results; optionally
+// the splits of one thread-block cluster merge theirs on chip first
+// (distributed shared memory), so the merge kernel only combines clusters.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -38,8 +38,9 @@ struct MlaAbsorbedParams {
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
   int num_splits = 1;
-  // Consecutive splits merged on chip by one thread-block cluster, 1-8; 0:
-  // min(num_splits, 8). 1 is the plain kernel plus the merge kernel.
+  // Consecutive splits merged on chip by one thread-block cluster, 1-8 (0:
+  // the launcher's choice, 1). 1 is the plain kernel plus the merge kernel;
+  // clusters measured slower on the H200 (mla_absorbed.cu says by how much).
   int split_cluster = 0;
 };
 
