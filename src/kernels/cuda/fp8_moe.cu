@@ -176,7 +176,7 @@ Sm90MoeParams sm90_params(const Fp8MoeParams& p) {
 
 MoePath fp8_moe_path(const Fp8MoeParams& p) {
   if (p.path != MoePath::Auto) return p.path;
-  if (p.num_tokens <= kMoeSmallMaxTokens && slots_per_token(p) <= kMoeSmallMaxSlots) return MoePath::Small;
+  if (p.num_tokens <= kFp8MoeSmallMaxTokens && slots_per_token(p) <= kMoeSmallMaxSlots) return MoePath::Small;
   // Shape and device only (no stream work), so graph capture sees the same choice.
   if (p.num_tokens >= kFp8MoeSm90MinTokens && sm90_widths_fit(p) && sm90_gemm_supported()) return MoePath::Sm90;
   return MoePath::Grouped;

@@ -11,7 +11,7 @@
 //   5. down: ONE grouped FP8 GEMM launch over the activated rows;
 //   6. combine: out[t] = sum over the token's slots of weight * y[pos(slot)]
 //      (weight 1 for the shared experts), f32 sums.
-// Batches of at most kMoeSmallMaxTokens tokens take the small path instead
+// Batches of at most kFp8MoeSmallMaxTokens tokens take the small path instead
 // (moe_small.cuh, as the bf16 experts do): two GEMV launches that dequantize
 // the FP8 weights in registers against bf16 activations (no activation
 // quantization, no align step).

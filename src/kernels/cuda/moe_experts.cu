@@ -15,7 +15,7 @@ namespace {
 
 constexpr int kBlockK = 64, kThreads = 128;
 constexpr int kMoeMaxSlots = kMoeSmallMaxSlots;  // slots per token, both paths (the combine's registers)
-static_assert(kMoeSmallMaxSlots == kSmallMaxSlotsPerToken && kMoeSmallMaxTokens == 8,
+static_assert(kMoeSmallMaxSlots == kSmallMaxSlotsPerToken && kMoeSmallMaxTokens <= 8 && kFp8MoeSmallMaxTokens <= 8,
               "moe_experts.h's small-path limits are moe_small.cuh's");
 
 // Pipeline depth: decode-sized tiles are small (80 x 64 per stage), and a
