@@ -296,6 +296,10 @@ class OpTimingBackend final : public Backend {
   void moe_route(const Tensor& l, const Tensor& b, const RouterParams& p, Tensor i, Tensor w) override {
     timed("moe_route", [&] { in_.moe_route(l, b, p, i, w); });
   }
+  void moe_select(const Tensor& h, const Weight& r, const Tensor& b, const RouterParams& p, Tensor i,
+                  Tensor w) override {
+    timed("moe_select", [&] { in_.moe_select(h, r, b, p, i, w); });
+  }
   void moe_experts(const Tensor& x, const ExpertWeights& e, const Tensor& i, const Tensor& w, Tensor o) override {
     timed("moe_experts", [&] { in_.moe_experts(x, e, i, w, o); });
   }
