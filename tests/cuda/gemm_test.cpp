@@ -108,9 +108,17 @@ TEST_P(Skinny, MatchesHostProduct) {
   EXPECT_LT(err32, 1e-5);
 }
 
+// Covers each plan of the kernel: one column a warp (m <= 2, K > 1024), two
+// (m > 2 or K <= 1024), four (K <= 512), K split over 2 warps (K 2048 at
+// m > 2) and 8 (K 10944), more than one pass a warp (K 20008; K 10944 at
+// m > 2), K and N that leave lanes and columns idle.
 INSTANTIATE_TEST_SUITE_P(Shapes, Skinny,
                          ::testing::Values(LinearShape{1, 576, 2048}, LinearShape{3, 64, 1408},
-                                           LinearShape{8, 300, 40}, LinearShape{4, 2816, 2048}));
+                                           LinearShape{8, 300, 40}, LinearShape{4, 2816, 2048},
+                                           LinearShape{2, 3648, 2048}, LinearShape{8, 1031, 2048},
+                                           LinearShape{1, 301, 512}, LinearShape{6, 77, 264},
+                                           LinearShape{1, 45, 10944}, LinearShape{7, 19, 10944},
+                                           LinearShape{2, 11, 20008}, LinearShape{5, 9, 1416}));
 
 TEST(Skinny, RejectsShapesItCannotRun) {
   EXPECT_FALSE(skinny_gemm_applies(9, 64));
