@@ -3,7 +3,7 @@
 # .device-cuda carried (see pack.sh): device facts, the GPU tests, a
 # compute-sanitizer pass over them, and the kernel benchmarks. Logs go to
 # $OUT; the last lines printed are the summary.
-# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|grouped|fp8|model|nopdl|peer]...
+# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|grouped|fp8|model|nopdl|engine|v3fp8|peer]...
 # (default: tests sanitize bench model peer). nopdl repeats the model's decode
 # with programmatic dependent launch off (MLASERVE_PDL=0), to show what it buys. model makes a random v2-lite
 # checkpoint in $CKPT (default /tmp/v2lite) and runs bench_model_cuda on it;
@@ -64,6 +64,28 @@ for step in "${steps[@]}"; do
       MLASERVE_PDL=0 "$dir/bench_model_cuda" --dir "$CKPT" ${NOPDL_ARGS:---batches 1,8 --output 64} 2>&1 |
         tee "$OUT/model_nopdl.log"
       summary+=("model bench without PDL: rc=${PIPESTATUS[0]}")
+      ;;
+    engine)
+      # The runtime end to end (golden tokens through generate / serve, then
+      # bench-one-batch on the model step's v2-lite checkpoint).
+      mkdir -p /tmp/engine && ln -sfn "$CKPT" /tmp/engine/v2lite
+      python3 scripts/device/engine_check.py "$dir/mlaserve" /tmp/engine --bench-layers 27 \
+        --bench-output-len ${ENGINE_OUTPUT:-128} 2>&1 | tee "$OUT/engine.log"
+      summary+=("engine check: rc=${PIPESTATUS[0]}")
+      ;;
+    v3fp8)
+      # Issue 6 end to end: v3-slice (V3 width, 1 dense + 3 MoE layers) in
+      # block-FP8 with FP8-resident weights, then fp8 vs bf16 latent cache at
+      # batch 64 (context ${V3_KV_INPUT:-4096}).
+      V3=${V3CKPT:-/tmp/v3slice}
+      MLASERVE_FP8=1 "$dir/bench_model_cuda" --dir "$V3" --preset v3-slice --dtype fp8 --batches 1,64 \
+        --output ${V3_OUTPUT:-32} 2>&1 | tee "$OUT/v3fp8.log"
+      summary+=("v3-slice fp8 bench: rc=${PIPESTATUS[0]}")
+      for kv in auto fp8_e4m3; do
+        MLASERVE_FP8=1 "$dir/bench_model_cuda" --dir "$V3" --preset v3-slice --dtype fp8 --batches 64 \
+          --input ${V3_KV_INPUT:-4096} --output 16 --kv-cache-dtype $kv 2>&1 | tee "$OUT/v3kv_$kv.log"
+        summary+=("v3-slice kv $kv: rc=${PIPESTATUS[0]}")
+      done
       ;;
     peer)
       PYTHONUNBUFFERED=1 python3 scripts/device/hf_peer.py "$CKPT" ${PEER_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/peer.log"
