@@ -1,10 +1,11 @@
 #pragma once
 // GEMMs with few activation rows (decode steps of small batches):
 // out{M, N} = x{M, K} · w{N, K}ᵀ with M <= kSkinnyMaxRows. Pure weight
-// streaming: one warp per output column reads that weight row once with
-// 16-byte loads and dots it with every activation row (served from L1/L2).
-// cuBLASLt's kernels for M = 1 reach about 1/3 of the bandwidth on the
-// 2-12 MB matrices of a decode step.
+// streaming: each warp reads one to four weight rows (or a slice of a long
+// row) once, with all its 16-byte loads issued together before it waits for
+// the previous kernel, and dots them with every activation row (served from
+// L1/L2). cuBLASLt's kernels for M = 1 reach about 1/3 of the bandwidth on
+// the 2-15 MB matrices of a decode step.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
