@@ -173,12 +173,13 @@ double prefill_flops(const ModelConfig& c, const ParamCounts& p, int B, int len)
   return 2.0 * per_token * tokens + attn + 2.0 * p.lm_head * B;  // logits of each sequence's last token
 }
 
-ForwardBatch prefill_batch(int B, int len, int slot_stride, std::mt19937& rng, int vocab) {
+// Sequences first_seq .. first_seq + B - 1, sequence s at slots s * slot_stride onwards.
+ForwardBatch prefill_batch(int B, int len, int slot_stride, std::mt19937& rng, int vocab, int first_seq = 0) {
   ForwardBatch b;
   b.q_indptr = {0};
   b.kv_indptr = {0};
   std::uniform_int_distribution<int> tok(0, vocab - 1);
-  for (int s = 0; s < B; ++s) {
+  for (int s = first_seq; s < first_seq + B; ++s) {
     for (int i = 0; i < len; ++i) {
       b.input_ids.push_back(tok(rng));
       b.positions.push_back(i);
@@ -415,8 +416,16 @@ int run(const Args& a) {
     const int stride = a.input + a.output;
     const int slots = B * stride + 1;
     auto cache = allocate_kv_cache(be, c, slots, kv_dtype);
-    const ForwardBatch pb = prefill_batch(B, a.input, stride, rng, c.vocab_size);
-    std::vector<int32_t> tokens = next_tokens(be, model.forward(pb, cache), ids);
+    // The contexts are prefilled a few sequences at a time (at most ~32k
+    // tokens a forward), so long contexts at batch 64 fit beside the weights.
+    std::vector<int32_t> tokens;
+    const int group = std::max(1, 32768 / a.input);
+    for (int s0 = 0; s0 < B; s0 += group) {
+      const int n = std::min(group, B - s0);
+      const ForwardBatch pb = prefill_batch(n, a.input, stride, rng, c.vocab_size, s0);
+      const std::vector<int32_t> t = next_tokens(be, model.forward(pb, cache), ids);
+      tokens.insert(tokens.end(), t.begin(), t.end());
+    }
     DecodeGraphOptions opt;
     opt.batch_sizes = {B};
     opt.max_kv_len = stride;
