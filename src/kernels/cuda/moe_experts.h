@@ -67,9 +67,9 @@ constexpr int64_t gate_up_row(int64_t i, bool is_up) { return (i / 8) * 16 + (is
 // Largest batch the small path takes, and the most slots (top_k + shared) a
 // token may have there. bf16 at v2-lite widths on an H200 (BM_MoeFused):
 // small vs grouped 49 vs 68 us at 1 token, 76 vs 84 at 2, 133 vs 132 at 4,
-// 306 vs 210 at 8, so bf16 stops at 4; the FP8 grouped path (mma.sync) is
-// slower than the small one at decode sizes, so FP8 keeps 8.
-constexpr int kMoeSmallMaxTokens = 4, kFp8MoeSmallMaxTokens = 8, kMoeSmallMaxSlots = 16;
+// 306 vs 210 at 8, so bf16 stops at 4. FP8 at V3 widths (BM_Fp8Moe): 129 vs
+// 188 us at 1 token, 1235 vs 784 at 8 (2-4 not measured), so it stops at 4 too.
+constexpr int kMoeSmallMaxTokens = 4, kFp8MoeSmallMaxTokens = 4, kMoeSmallMaxSlots = 16;
 // Smallest batch Auto sends to the Hopper kernels (bf16 stacks): on an H200
 // at v2-lite widths they beat the grouped mma.sync path from 256 tokens (327
 // vs 352 us; 1.8x at 4096; docs/sm90_gemm.md); 128 not measured.
