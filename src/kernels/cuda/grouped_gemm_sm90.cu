@@ -10,6 +10,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/fp8_common.cuh"
 #include "kernels/cuda/grouped_gemm_sm90.cuh"
+#include "kernels/cuda/moe_align.cuh"
 
 namespace mlaserve::cuda {
 namespace {
@@ -556,86 +557,6 @@ __global__ void gather_quantize_kernel(const __nv_bfloat16* src, const int32_t* 
   }
 }
 
-// The experts' slots of a token (grouped_gemm_sm90.h): routed ones first,
-// then the shared ones with weight 1.
-struct Slots {
-  const int32_t* topk_ids;
-  const float* topk_weights;
-  int top_k, num_shared, num_experts;
-
-  __host__ __device__ int per_token() const { return top_k + num_shared; }
-  __device__ int expert(int slot) const {
-    const int t = slot / per_token(), j = slot % per_token();
-    return j < top_k ? topk_ids[t * top_k + j] : num_experts + j - top_k;
-  }
-  __device__ float weight(int slot) const {
-    const int t = slot / per_token(), j = slot % per_token();
-    return j < top_k ? topk_weights[t * top_k + j] : 1.0f;
-  }
-};
-
-// Counting sort of the slots by expert in one block: each expert's run
-// starts on a block_m boundary, pads hold the sentinel `slot_count`;
-// block_expert[b] is the expert of rows [b * block_m, (b + 1) * block_m),
-// position[slot] the slot's row.
-__global__ void align_kernel(Slots slots, int slot_count, int total_experts, int block_m, int max_rows,
-                             int32_t* sorted_ids, int32_t* block_expert, int32_t* rows_in_use, int32_t* position) {
-  extern __shared__ int32_t counts[];
-  int32_t* count = counts;                       // [E]
-  int32_t* offset = count + total_experts;       // [E + 1]
-  int32_t* cursor = offset + total_experts + 1;  // [E]
-  for (int e = threadIdx.x; e < total_experts; e += blockDim.x) count[e] = cursor[e] = 0;
-  for (int i = threadIdx.x; i < max_rows; i += blockDim.x) sorted_ids[i] = slot_count;
-  __syncthreads();
-  for (int i = threadIdx.x; i < slot_count; i += blockDim.x) atomicAdd(&count[slots.expert(i)], 1);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    offset[0] = 0;
-    for (int e = 0; e < total_experts; ++e) offset[e + 1] = offset[e] + (count[e] + block_m - 1) / block_m * block_m;
-    *rows_in_use = offset[total_experts];
-  }
-  __syncthreads();
-  for (int e = threadIdx.x; e < total_experts; e += blockDim.x)
-    for (int b = offset[e] / block_m; b < offset[e + 1] / block_m; ++b) block_expert[b] = e;
-  for (int i = threadIdx.x; i < slot_count; i += blockDim.x) {
-    const int e = slots.expert(i);
-    const int pos = offset[e] + atomicAdd(&cursor[e], 1);
-    sorted_ids[pos] = i;
-    position[i] = pos;
-  }
-}
-
-// out[t] = addend[t] (if any) + sum over the token's slots of weight * y[position],
-// f32 sums in slot order. One block per token.
-__global__ void combine_kernel(const __nv_bfloat16* y, const int32_t* position, Slots slots,
-                               const __nv_bfloat16* addend, int hidden, __nv_bfloat16* out) {
-  constexpr int kMaxSlots = 16;
-  const int64_t t = blockIdx.x;
-  const int per_token = slots.per_token();
-  int64_t row[kMaxSlots];
-  float wt[kMaxSlots];
-#pragma unroll
-  for (int j = 0; j < kMaxSlots; ++j) {
-    const int slot = int(t) * per_token + j;
-    row[j] = j < per_token ? int64_t(position[slot]) * hidden : 0;
-    wt[j] = j < per_token ? slots.weight(slot) : 0.0f;
-  }
-  for (int d = threadIdx.x * 8; d < hidden; d += blockDim.x * 8) {
-    float acc[8] = {};
-    if (addend) Bf16x8::load(addend + t * hidden + d).to_float(acc);
-#pragma unroll
-    for (int j = 0; j < kMaxSlots; ++j) {
-      if (j < per_token) {
-        float v[8];
-        Bf16x8::load(y + row[j] + d).to_float(v);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] += wt[j] * v[i];
-      }
-    }
-    Bf16x8::from_float(acc).store(out + t * hidden + d);
-  }
-}
-
 // Workspace pieces, carved from one allocation (null base: size only).
 class Carver {
  public:
@@ -654,13 +575,13 @@ class Carver {
 };
 
 struct MoeRows {
-  Slots slots;
+  MoeSlots slots;
   int slot_count, total_experts, block_m, max_blocks, max_rows;
 };
 
 MoeRows moe_rows(const Sm90MoeParams& p, int block_m) {
   MoeRows r;
-  r.slots = Slots{p.topk_ids, p.topk_weights, p.top_k, p.num_shared, p.num_experts};
+  r.slots = MoeSlots{p.topk_ids, p.topk_weights, p.top_k, p.num_shared, p.num_experts};
   r.slot_count = p.num_tokens * r.slots.per_token();
   r.total_experts = p.num_experts + p.num_shared;
   r.block_m = block_m;
@@ -685,7 +606,7 @@ AlignedRows carve_align(Carver& c, const MoeRows& r) {
 
 void align(const MoeRows& r, const AlignedRows& a, cudaStream_t stream, const char* op) {
   const size_t smem = sizeof(int32_t) * (3 * r.total_experts + 1);
-  align_kernel<<<1, 1024, smem, stream>>>(r.slots, r.slot_count, r.total_experts, r.block_m, r.max_rows,
+  moe_align_kernel<<<1, 1024, smem, stream>>>(r.slots, r.slot_count, r.total_experts, r.block_m, r.max_rows,
                                           a.sorted_ids, a.block_expert, a.rows_in_use, a.position);
   check_launch(op);
 }
@@ -819,7 +740,7 @@ void run_bf16_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) 
       bf16_tile_map(w_down, int64_t(r.total_experts) * p.hidden, p.inter, kPieceRows, "down weights"), unused, g,
       r.max_blocks, stream, "sm90 moe down");
 
-  combine_kernel<<<p.num_tokens, 128, 0, stream>>>(w.down, w.rows.position, r.slots, p.addend, p.hidden, p.out);
+  moe_combine_kernel<<<p.num_tokens, 128, 0, stream>>>(w.down, w.rows.position, r.slots, p.addend, p.hidden, p.out);
   check_launch("sm90 moe combine");
 }
 
@@ -901,7 +822,7 @@ void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
       scale_map(w.act_scale, r.max_rows, p.inter / kFp8Group, kSm90Fp8BlockM), g, r.max_blocks, stream,
       "sm90 fp8 moe down");
 
-  combine_kernel<<<p.num_tokens, 128, 0, stream>>>(w.down, w.rows.position, r.slots, p.addend, p.hidden, p.out);
+  moe_combine_kernel<<<p.num_tokens, 128, 0, stream>>>(w.down, w.rows.position, r.slots, p.addend, p.hidden, p.out);
   check_launch("sm90 fp8 moe combine");
 }
 

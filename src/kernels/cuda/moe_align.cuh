@@ -1,6 +1,6 @@
 #pragma once
-// Token permutation for the grouped MoE GEMMs, shared by the bf16 and FP8
-// expert paths.
+// Token permutation for the grouped MoE GEMMs and the combine after them,
+// shared by the bf16, FP8 and sm90 expert paths.
 //
 // Assignment slots: each token has slots_per_token = top_k + num_shared
 // slots; slot t * slots_per_token + j is the token's j-th routed expert
@@ -8,7 +8,11 @@
 // shared expert j - top_k (stacked after the routed ones as expert
 // num_experts + j - top_k, weight 1) otherwise. So slot / slots_per_token is
 // always the token, as the GEMMs' row gather expects.
+#include <cuda_bf16.h>
+
 #include <cstdint>
+
+#include "kernels/cuda/bf16_vec.cuh"
 
 namespace mlaserve::cuda {
 namespace {
@@ -57,6 +61,41 @@ __global__ void moe_align_kernel(MoeSlots slots, int assignments, int total_expe
     const int pos = offset[e] + atomicAdd(&cursor[e], 1);
     sorted_ids[pos] = i;
     position[i] = pos;
+  }
+}
+
+// Slots a token may have in moe_combine_kernel (its per-slot registers).
+constexpr int kMoeCombineMaxSlots = 16;
+
+// out[t] = addend[t] (if not null) + sum over the token's slots of weight *
+// y[position[slot]], f32 sum in slot order. Positions and weights are read up
+// front so the row loads that depend on them issue together (not one L2
+// round trip each). One block per token.
+__global__ void moe_combine_kernel(const __nv_bfloat16* y, const int32_t* position, MoeSlots slots,
+                                   const __nv_bfloat16* addend, int hidden, __nv_bfloat16* out) {
+  const int64_t t = blockIdx.x;
+  const int per_token = slots.per_token();
+  int64_t row[kMoeCombineMaxSlots];
+  float wt[kMoeCombineMaxSlots];
+#pragma unroll
+  for (int j = 0; j < kMoeCombineMaxSlots; ++j) {
+    const int slot = int(t) * per_token + j;
+    row[j] = j < per_token ? int64_t(position[slot]) * hidden : 0;
+    wt[j] = j < per_token ? slots.weight(slot) : 0.0f;
+  }
+  for (int d = threadIdx.x * 8; d < hidden; d += blockDim.x * 8) {
+    float acc[8] = {};
+    if (addend) Bf16x8::load(addend + t * hidden + d).to_float(acc);
+#pragma unroll
+    for (int j = 0; j < kMoeCombineMaxSlots; ++j) {
+      if (j < per_token) {
+        float v[8];
+        Bf16x8::load(y + row[j] + d).to_float(v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] += wt[j] * v[i];
+      }
+    }
+    Bf16x8::from_float(acc).store(out + t * hidden + d);
   }
 }
 

@@ -15,6 +15,7 @@ namespace {
 
 constexpr int kBlockK = 64, kThreads = 128;
 constexpr int kMoeMaxSlots = kMoeSmallMaxSlots;  // slots per token, both paths (the combine's registers)
+static_assert(kMoeMaxSlots <= kMoeCombineMaxSlots, "moe_combine_kernel holds every slot of a token");
 static_assert(kMoeSmallMaxSlots == kSmallMaxSlotsPerToken && kMoeSmallMaxTokens <= 8 && kFp8MoeSmallMaxTokens <= 8,
               "moe_experts.h's small-path limits are moe_small.cuh's");
 
@@ -192,36 +193,6 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedGemmParam
     }
 }
 
-// out[t] = sum over the token's slots of weight * y[position[slot]], f32
-// sum in slot order. Positions and weights are read up front so the row
-// loads that depend on them issue together (not one L2 round trip each).
-__global__ void moe_combine_kernel(const __nv_bfloat16* y, const int32_t* position, MoeSlots slots, int hidden,
-                                   __nv_bfloat16* out) {
-  const int64_t t = blockIdx.x;
-  const int per_token = slots.per_token();
-  int64_t row[kMoeMaxSlots];
-  float wt[kMoeMaxSlots];
-#pragma unroll
-  for (int j = 0; j < kMoeMaxSlots; ++j) {
-    const int slot = int(t) * per_token + j;
-    row[j] = j < per_token ? int64_t(position[slot]) * hidden : 0;
-    wt[j] = j < per_token ? slots.weight(slot) : 0.0f;
-  }
-  for (int d = threadIdx.x * 8; d < hidden; d += blockDim.x * 8) {
-    float acc[8] = {};
-#pragma unroll
-    for (int j = 0; j < kMoeMaxSlots; ++j) {
-      if (j < per_token) {
-        float v[8];
-        Bf16x8::load(y + row[j] + d).to_float(v);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] += wt[j] * v[i];
-      }
-    }
-    Bf16x8::from_float(acc).store(out + t * hidden + d);
-  }
-}
-
 template <int kBM, bool kGather>
 void launch_grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
   constexpr int kBlockN = block_n_for<kBM>(), kStages = stages_for<kBM>();
@@ -297,7 +268,7 @@ void run_grouped(const MoeExpertsParams& p, void* workspace, cudaStream_t stream
   g.gather_a = false;
   grouped_gemm(g, block_m, stream);
 
-  moe_combine_kernel<<<p.num_tokens, 128, 0, stream>>>(ws.down, ws.position, slots, p.hidden, p.out);
+  moe_combine_kernel<<<p.num_tokens, 128, 0, stream>>>(ws.down, ws.position, slots, nullptr, p.hidden, p.out);
   check_launch("moe combine");
 }
 
