@@ -21,6 +21,7 @@
 #include <set>
 #include <vector>
 
+#include "cuda_bench_util.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/fp8_kv_cache.h"
@@ -34,35 +35,14 @@
 namespace mlaserve::cuda {
 namespace {
 
+using bench::run_timed;
+using bench::upload;
+
 constexpr double kFp8PeakTflops = 1979.0;
 constexpr int kHidden = 7168, kHeads = 128, kNope = 128, kV = 128, kLora = 512, kRope = 64;
 constexpr int kExperts = 256, kTopK = 8, kMoeInter = 2048;
 
 double g_copy_gbs = 0;
-
-template <typename Fn>
-double run_timed(benchmark::State& state, Fn&& fn) {
-  std::vector<float> times;
-  cudaEvent_t start, stop;
-  MLA_CUDA_CHECK(cudaEventCreate(&start), "bench");
-  MLA_CUDA_CHECK(cudaEventCreate(&stop), "bench");
-  fn();  // warm-up: plans, cuBLASLt heuristics
-  MLA_CUDA_CHECK(cudaDeviceSynchronize(), "bench warm-up");
-  for (auto _ : state) {
-    cudaEventRecord(start);
-    fn();
-    cudaEventRecord(stop);
-    MLA_CUDA_CHECK(cudaEventSynchronize(stop), "bench");
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms / 1e3);
-    times.push_back(ms / 1e3f);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  return times.empty() ? 0.0 : times[times.size() / 2];
-}
 
 void report(benchmark::State& state, double seconds, double bytes, double weight_bytes, double flops) {
   if (seconds <= 0) return;

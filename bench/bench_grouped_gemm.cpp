@@ -21,6 +21,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda_bench_util.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/fp8_moe.h"
@@ -32,44 +33,16 @@
 namespace mlaserve::cuda {
 namespace {
 
-constexpr double kBf16PeakTflops = 790.0, kFp8PeakTflops = 1979.0;
+using bench::run_timed;
+using bench::upload;
 
-template <typename Fn>
-double median_seconds(benchmark::State& state, Fn&& fn) {
-  cudaEvent_t start, stop;
-  MLA_CUDA_CHECK(cudaEventCreate(&start), "bench");
-  MLA_CUDA_CHECK(cudaEventCreate(&stop), "bench");
-  fn();  // warm-up: attributes, tensor-map encoder
-  MLA_CUDA_CHECK(cudaDeviceSynchronize(), "bench warm-up");
-  std::vector<float> times;
-  for (auto _ : state) {
-    cudaEventRecord(start);
-    fn();
-    cudaEventRecord(stop);
-    MLA_CUDA_CHECK(cudaEventSynchronize(stop), "bench");
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms / 1e3);
-    times.push_back(ms / 1e3f);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  return times.empty() ? 0.0 : times[times.size() / 2];
-}
+constexpr double kBf16PeakTflops = 790.0, kFp8PeakTflops = 1979.0;
 
 void report(benchmark::State& state, double seconds, double flops, double peak) {
   if (seconds <= 0) return;
   state.counters["median_us"] = seconds * 1e6;
   state.counters["TFLOP_s"] = flops / seconds / 1e12;
   state.counters["frac_peak"] = flops / seconds / 1e12 / peak;
-}
-
-template <typename T>
-DeviceBuffer upload(const std::vector<T>& v) {
-  DeviceBuffer b(v.size() * sizeof(T));
-  MLA_CUDA_CHECK(cudaMemcpy(b.get(), v.data(), b.bytes(), cudaMemcpyHostToDevice), "bench upload");
-  return b;
 }
 
 struct Routing {
@@ -124,7 +97,7 @@ void BM_Sm90MoeBf16(benchmark::State& state) {
   p.out = out.get<__nv_bfloat16>();
   p.variant = variant;
   DeviceBuffer workspace(moe_experts_sm90_workspace_bytes(p));
-  const double s = median_seconds(state, [&] { moe_experts_sm90(p, workspace.get(), nullptr); });
+  const double s = run_timed(state, [&] { moe_experts_sm90(p, workspace.get(), nullptr); });
   report(state, s, 2.0 * tokens * kTopK * 3.0 * kHidden * kInter, kBf16PeakTflops);
 }
 
@@ -169,7 +142,7 @@ void BM_Sm90MoeFp8(benchmark::State& state) {
   p.out = d.out.get<__nv_bfloat16>();
   p.variant = Sm90GemmVariant{0, int(state.range(1)), 0, int(state.range(2))};
   DeviceBuffer workspace(fp8_moe_experts_sm90_workspace_bytes(p));
-  const double s = median_seconds(state, [&] { fp8_moe_experts_sm90(p, workspace.get(), nullptr); });
+  const double s = run_timed(state, [&] { fp8_moe_experts_sm90(p, workspace.get(), nullptr); });
   report(state, s, 2.0 * tokens * Fp8MoeData::kTopK * 3.0 * Fp8MoeData::kHidden * Fp8MoeData::kInter,
          kFp8PeakTflops);
 }
@@ -194,7 +167,7 @@ void BM_Fp8MoeGroupedPath(benchmark::State& state) {
   p.path = MoePath::Grouped;
   p.out = d.out.get<__nv_bfloat16>();
   DeviceBuffer workspace(fp8_moe_workspace_bytes(p));
-  const double s = median_seconds(state, [&] { fp8_moe_experts(p, workspace.get(), nullptr); });
+  const double s = run_timed(state, [&] { fp8_moe_experts(p, workspace.get(), nullptr); });
   report(state, s, 2.0 * tokens * Fp8MoeData::kTopK * 3.0 * Fp8MoeData::kHidden * Fp8MoeData::kInter,
          kFp8PeakTflops);
 }
@@ -221,7 +194,7 @@ void BM_Sm90Fp8Gemm(benchmark::State& state) {
   p.n = n;
   p.k = k;
   p.variant = variant;
-  const double s = median_seconds(state, [&] { fp8_gemm_sm90(p, nullptr); });
+  const double s = run_timed(state, [&] { fp8_gemm_sm90(p, nullptr); });
   report(state, s, 2.0 * m * n * k, kFp8PeakTflops);
 }
 

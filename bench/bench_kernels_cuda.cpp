@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_bench_util.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/elementwise.h"
@@ -38,45 +39,15 @@
 namespace mlaserve::cuda {
 namespace {
 
+using bench::run_timed;
+using bench::upload;
+
 constexpr int kHidden = 2048, kHeads = 16, kLatent = 512, kRope = 64, kExperts = 64, kInter = 1408, kTopK = 6;
 
 DeviceBuffer random_bf16(size_t n, uint32_t seed) {
   DeviceBuffer b(n * 2);
   fill_random_bf16(b.get<__nv_bfloat16>(), n, seed, nullptr);
   return b;
-}
-
-template <typename T>
-DeviceBuffer upload(const std::vector<T>& v) {
-  DeviceBuffer b(v.size() * sizeof(T));
-  MLA_CUDA_CHECK(cudaMemcpy(b.get(), v.data(), b.bytes(), cudaMemcpyHostToDevice), "bench upload");
-  return b;
-}
-
-// Times `fn` with events on the default stream, one event pair per
-// iteration; returns the median seconds per iteration.
-template <typename Fn>
-double run_timed(benchmark::State& state, Fn&& fn) {
-  std::vector<float> times;
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  fn();  // warm-up: plans, attributes, caches
-  MLA_CUDA_CHECK(cudaDeviceSynchronize(), "bench warm-up");
-  for (auto _ : state) {
-    cudaEventRecord(start);
-    fn();
-    cudaEventRecord(stop);
-    MLA_CUDA_CHECK(cudaEventSynchronize(stop), "bench");
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms / 1e3);
-    times.push_back(ms / 1e3f);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  return times.empty() ? 0.0 : times[times.size() / 2];
 }
 
 double g_copy_gbs = 0, g_gemm_tflops = 0;  // ceilings, measured first
