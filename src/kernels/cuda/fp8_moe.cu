@@ -185,7 +185,8 @@ MoePath fp8_moe_path(const Fp8MoeParams& p) {
 size_t fp8_moe_workspace_bytes(const Fp8MoeParams& p) {
   switch (fp8_moe_path(p)) {
     case MoePath::Small:
-      return size_t(p.num_tokens) * slots_per_token(p) * p.inter * 2;  // act
+      return small_moe_workspace_bytes(p.num_tokens, slots_per_token(p), p.hidden, p.inter,
+                                       p.tuning.down_rows_per_warp);
     case MoePath::Sm90:
       return fp8_moe_experts_sm90_workspace_bytes(sm90_params(p));
     default:
@@ -214,10 +215,9 @@ void fp8_moe_experts(const Fp8MoeParams& p, void* workspace, cudaStream_t stream
     a.num_tokens = p.num_tokens;
     a.hidden = p.hidden;
     a.inter = p.inter;
-    a.down_rows_per_block = p.tuning.down_rows_per_block;
-    a.act = static_cast<__nv_bfloat16*>(workspace);
     a.out = p.out;
-    run_small_moe(a, p.tuning.gate_up_cols_per_warp, p.tuning.down_rows_per_warp, stream, "fp8 moe (small path)");
+    run_small_moe(a, p.tuning.gate_up_cols_per_warp, p.tuning.down_rows_per_warp, workspace, stream,
+                  "fp8 moe (small path)");
     return;
   }
   const MoeShape s = shape_of(p);

@@ -69,7 +69,7 @@ Workspace carve_grouped(void* base, const MoeExpertsParams& p) {
 
 // The small path's only buffer: act{T * slots_per_token, I}.
 size_t small_workspace_bytes(const MoeExpertsParams& p) {
-  return size_t(p.num_tokens) * slots_per_token(p) * p.inter * 2;
+  return small_moe_workspace_bytes(p.num_tokens, slots_per_token(p), p.hidden, p.inter, p.tuning.down_rows_per_warp);
 }
 
 // c[m, :] = a[row(m), :] · w[expert(block)]ᵀ with mma.sync m16n8k16 and a
@@ -225,10 +225,9 @@ void run_small(const MoeExpertsParams& p, void* workspace, cudaStream_t stream) 
   a.num_tokens = p.num_tokens;
   a.hidden = p.hidden;
   a.inter = p.inter;
-  a.down_rows_per_block = p.tuning.down_rows_per_block;
-  a.act = static_cast<__nv_bfloat16*>(workspace);
   a.out = p.out;
-  run_small_moe(a, p.tuning.gate_up_cols_per_warp, p.tuning.down_rows_per_warp, stream, "moe_experts (small path)");
+  run_small_moe(a, p.tuning.gate_up_cols_per_warp, p.tuning.down_rows_per_warp, workspace, stream,
+                "moe_experts (small path)");
 }
 
 void run_grouped(const MoeExpertsParams& p, void* workspace, cudaStream_t stream) {

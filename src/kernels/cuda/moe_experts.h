@@ -41,9 +41,8 @@ enum class MoePath { Auto, Grouped, Small, Sm90 };
 
 // Launch shape of the small path (benchmarks sweep it; Auto uses the default).
 struct MoeSmallTuning {
-  int gate_up_cols_per_warp = 2;  // intermediate columns (a gate and an up row each) per warp: 1, 2, 4
-  int down_rows_per_warp = 2;     // output rows one warp streams at once: 1, 2, 4
-  int down_rows_per_block = 8;    // output rows per block (a multiple of down_rows_per_warp)
+  int gate_up_cols_per_warp = 4;  // intermediate columns (a gate and an up row each) per warp: 1, 2, 4
+  int down_rows_per_warp = 8;     // output rows one warp owns (a down block: 8 warps): 2, 4, 8
 };
 
 struct MoeExpertsParams {
@@ -67,7 +66,8 @@ constexpr int64_t gate_up_row(int64_t i, bool is_up) { return (i / 8) * 16 + (is
 // Largest batch the small path takes, and the most slots (top_k + shared) a
 // token may have there. bf16 at v2-lite widths on an H200 (BM_MoeFused):
 // small vs grouped 49 vs 68 us at 1 token, 76 vs 84 at 2, 133 vs 132 at 4,
-// 306 vs 210 at 8, so bf16 stops at 4. FP8 at V3 widths (BM_Fp8Moe): 129 vs
+// 306 vs 210 at 8, so bf16 stops at 4 (the tiled down kernel since took the
+// small path to 44 / 69 / 124 us at 1 / 2 / 4). FP8 at V3 widths (BM_Fp8Moe): 129 vs
 // 188 us at 1 token, 1235 vs 784 at 8 (2-4 not measured), so it stops at 4 too.
 constexpr int kMoeSmallMaxTokens = 4, kFp8MoeSmallMaxTokens = 4, kMoeSmallMaxSlots = 16;
 // Smallest batch Auto sends to the Hopper kernels (bf16 stacks): on an H200

@@ -6,10 +6,10 @@
 //      first slot computes act[slot, cols] = silu(x[t] · gate) * (x[t] · up)
 //      for every slot of that expert (one per token), reading its weight rows
 //      once; blocks of its later slots exit. act is bf16 {T * slots, I}.
-//   2. down + combine: one block per tile of output rows reads each active
-//      expert's rows once and adds weight * (act[slot] · row) for every slot
-//      into per-warp partial sums, added up in a fixed order: out is written
-//      once, deterministically, with no atomics.
+//   2. down + combine: one block per (tile of output rows, slot) reads that
+//      tile of the expert's rows once for all its slots into per-slot parts;
+//      the tile's last block adds each token's parts in slot order: out is
+//      written once, deterministically, with no float atomics.
 // Activations stay bf16 (x) / f32 (sums) on both stacks: FP8 weights are
 // dequantized in registers (16 values and one 128x128 block scale a chunk).
 //
@@ -124,10 +124,49 @@ struct SmallMoeArgs {
   Stacks w;
   const __nv_bfloat16* x;  // {T, D}
   MoeSlots slots;
-  int num_tokens, hidden, inter, down_rows_per_block;
-  __nv_bfloat16* act;  // {T * slots_per_token, I}
-  __nv_bfloat16* out;  // {T, D}
+  int num_tokens, hidden, inter;
+  __nv_bfloat16* act;       // {T * slots_per_token, I}
+  float* part;              // {T * slots_per_token, D}: weight * down(act) of each slot
+  unsigned* tile_arrivals;  // {down tiles}: zeroed by gate_up, counted by down
+  int down_tiles;
+  __nv_bfloat16* out;       // {T, D}
 };
+
+// The slots of blockIdx's expert that its block computes: every slot of
+// that expert (one per token, at most kMaxTok) when slot0 is the first of
+// them, none when an earlier slot has it (that block does the work), only
+// slot0 when a token chose the expert twice. Writes s_slot and s_n.
+template <int kMaxTok>
+__device__ __forceinline__ void gather_expert_slots(const MoeSlots& slots, int slot0, int total, int* s_slot,
+                                                    int* s_n) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if constexpr (kMaxTok == 1) {
+    if (threadIdx.x == 0) s_slot[0] = slot0, *s_n = 1;
+  } else if (warp == 0) {
+    const int expert = slots.expert(slot0);
+    int n = 0;
+    bool later = false;
+    for (int base = 0; base < total; base += 32) {
+      const int i = base + lane;
+      const bool match = i < total && slots.expert(i) == expert;
+      const unsigned mask = __ballot_sync(0xffffffffu, match);
+      later |= __any_sync(0xffffffffu, match && i < slot0);
+      const int pos = n + __popc(mask & ((1u << lane) - 1));
+      if (match && pos < kMaxTok) s_slot[pos] = i;
+      n += __popc(mask);
+    }
+    __syncwarp();
+    if (lane == 0) {
+      if (n > kMaxTok) {
+        s_slot[0] = slot0;
+        *s_n = 1;
+      } else {
+        *s_n = later ? 0 : n;
+      }
+    }
+  }
+  __syncthreads();
+}
 
 // Block (column tile blockIdx.x, slot blockIdx.y); each warp owns kCols
 // columns (a gate and an up row each).
@@ -137,34 +176,12 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
   __shared__ int s_slot[kMaxTok];
   __shared__ int s_n;
   pdl_enter();  // the routing and x come from earlier kernels
+  if (blockIdx.x == 0 && blockIdx.y == 0)
+    for (int i = threadIdx.x; i < a.down_tiles; i += blockDim.x) a.tile_arrivals[i] = 0;
   const int slot0 = blockIdx.y, per_token = a.slots.per_token(), total = a.num_tokens * per_token;
   const int expert = a.slots.expert(slot0);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if constexpr (kMaxTok == 1) {
-    if (threadIdx.x == 0) s_slot[0] = slot0, s_n = 1;
-  } else if (warp == 0) {
-    int n = 0;
-    bool later = false;  // an earlier slot has this expert: its block does the work
-    for (int base = 0; base < total; base += 32) {
-      const int i = base + lane;
-      const bool match = i < total && a.slots.expert(i) == expert;
-      const unsigned mask = __ballot_sync(0xffffffffu, match);
-      later |= __any_sync(0xffffffffu, match && i < slot0);
-      const int pos = n + __popc(mask & ((1u << lane) - 1));
-      if (match && pos < kMaxTok) s_slot[pos] = i;
-      n += __popc(mask);
-    }
-    __syncwarp();
-    if (lane == 0) {
-      if (n > kMaxTok) {  // a token chose the expert twice: every slot computes its own row
-        s_slot[0] = slot0;
-        s_n = 1;
-      } else {
-        s_n = later ? 0 : n;
-      }
-    }
-  }
-  __syncthreads();
+  gather_expert_slots<kMaxTok>(a.slots, slot0, total, s_slot, &s_n);
   const int n = s_n;
   const int col0 = (blockIdx.x * kSmallGateUpWarps + warp) * kCols;
   if (n == 0 || col0 >= a.inter) return;
@@ -228,84 +245,41 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
   }
 }
 
-// Block: output rows [d0, d0 + rows) of every token. The slots are sorted by
-// (expert, slot) and cut into groups of one expert and distinct tokens; a
-// warp streams kRowsPerWarp rows of a group's expert at a time, once for all
-// the group's slots, and adds weight * (act[slot] · row) into its own
-// partial sums, which the block adds up in warp order.
+// Block (row tile blockIdx.x, slot blockIdx.y): the tile's kRowsPerWarp *
+// kSmallDownWarps rows of the slot's expert, which are contiguous in the
+// stack, streamed once for every slot of that expert (gather_expert_slots);
+// each warp owns kRowsPerWarp rows, its lanes kUnroll 16-byte chunks of each
+// per round. part[slot, rows] = weight(slot) * (act[slot] · row). The last
+// block of a tile to finish adds the tile's parts of each token in slot
+// order: out is written once, deterministically, with no float atomics.
+// (Blocks over whole experts' rows keep every lane loading; the per-row
+// walk over all experts it replaces left most lanes idle, I being short.)
 template <typename Stacks, int kMaxTok, int kRowsPerWarp>
 __global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(SmallMoeArgs<Stacks> a) {
-  constexpr int kE = Stacks::kElems, kMaxSlots = kMaxTok * kSmallMaxSlotsPerToken, kUnroll = 16 / kRowsPerWarp;
-  __shared__ int s_expert[kMaxSlots];
-  __shared__ int s_order[kMaxSlots];      // slots sorted by (expert, slot)
-  __shared__ int s_group[kMaxSlots + 1];  // group g: s_order[s_group[g] .. s_group[g + 1])
-  __shared__ int s_num_groups;
-  extern __shared__ float s_partial[];    // [kSmallDownWarps][T][rows]
+  constexpr int kE = Stacks::kElems, kUnroll = 16 / kRowsPerWarp, kTileRows = kSmallDownWarps * kRowsPerWarp;
+  __shared__ int s_slot[kMaxTok];
+  __shared__ int s_n;
+  __shared__ bool s_last;
   pdl_enter();  // act comes from the gate_up kernel
-  const int per_token = a.slots.per_token(), T = a.num_tokens, total = T * per_token;
-  const int rows = a.down_rows_per_block, d0 = blockIdx.x * rows;
+  const int slot0 = blockIdx.y, per_token = a.slots.per_token(), T = a.num_tokens, total = T * per_token;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int D = a.hidden, I = a.inter, chunks = I / kE;
+  const int d0 = blockIdx.x * kTileRows, r0 = d0 + warp * kRowsPerWarp;
+  gather_expert_slots<kMaxTok>(a.slots, slot0, total, s_slot, &s_n);
+  const int n = s_n;
 
-  for (int i = threadIdx.x; i < total; i += blockDim.x) s_expert[i] = a.slots.expert(i);
-  for (int i = threadIdx.x; i < kSmallDownWarps * T * rows; i += blockDim.x) s_partial[i] = 0.0f;
-  __syncthreads();
-  if constexpr (kMaxTok == 1) {
-    // One token: its slots name distinct experts (moe_route's top-k, then the shared ones).
-    for (int i = threadIdx.x; i <= total; i += blockDim.x) {
-      if (i < total) s_order[i] = i;
-      s_group[i] = i;
-    }
-    if (threadIdx.x == 0) s_num_groups = total;
-  } else {
-    for (int i = threadIdx.x; i < total; i += blockDim.x) {
-      const int e = s_expert[i];
-      int rank = 0;
-      for (int q = 0; q < total; ++q) rank += s_expert[q] < e || (s_expert[q] == e && q < i);
-      s_order[rank] = i;
-    }
-    __syncthreads();
-    if (warp == 0) {
-      int groups = 0;
-      for (int base = 0; base < total; base += 32) {
-        const int i = base + lane;
-        bool start = false;
-        if (i < total) {
-          const int cur = s_order[i];
-          const int prev = i > 0 ? s_order[i - 1] : -1;
-          start = i == 0 || s_expert[cur] != s_expert[prev] || cur / per_token == prev / per_token;
-        }
-        const unsigned mask = __ballot_sync(0xffffffffu, start);
-        if (start) s_group[groups + __popc(mask & ((1u << lane) - 1))] = i;
-        groups += __popc(mask);
-      }
-      if (lane == 0) {
-        s_group[groups] = total;
-        s_num_groups = groups;
-      }
-    }
-  }
-  __syncthreads();
-
-  const int D = a.hidden, I = a.inter, chunks = I / kE, groups = s_num_groups;
-  float* partial = s_partial + warp * T * rows;
-  // Work items (group, batch of kRowsPerWarp rows) go round-robin over the
-  // warps, so 9 groups (V3: 8 routed + 1 shared) do not leave one warp twice
-  // the work of the others.
-  const int batches = rows / kRowsPerWarp;
-  for (int item = warp; item < groups * batches; item += kSmallDownWarps) {
-    const int g = item / batches, r0 = (item % batches) * kRowsPerWarp;
-    const int first = s_group[g], n = s_group[g + 1] - first;  // n <= T <= kMaxTok
+  if (n > 0 && r0 < D) {
+    const int expert = a.slots.expert(slot0);
     int slot[kMaxTok];
     float weight[kMaxTok];
 #pragma unroll
     for (int t = 0; t < kMaxTok; ++t) {
-      slot[t] = s_order[first + min(t, n - 1)];
-      weight[t] = t < n ? a.slots.weight(slot[t]) : 0.0f;
+      slot[t] = t < n ? s_slot[t] : slot0;
+      weight[t] = a.slots.weight(slot[t]);
     }
-    const int expert = s_expert[slot[0]];
     const uint8_t* row[kRowsPerWarp];
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) row[r] = a.w.down_row(expert, min(d0 + r0 + r, D - 1), I, D);
+    for (int r = 0; r < kRowsPerWarp; ++r) row[r] = a.w.down_row(expert, min(r0 + r, D - 1), I, D);
     float acc[kRowsPerWarp][kMaxTok] = {};
     for (int k0 = 0; k0 < chunks; k0 += 32 * kUnroll) {
       uint4 wv[kRowsPerWarp][kUnroll];
@@ -322,7 +296,7 @@ __global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(Sm
         if (kc >= chunks) break;
         float scale[kRowsPerWarp];
 #pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) scale[r] = a.w.down_scale(expert, min(d0 + r0 + r, D - 1), kc, I, D);
+        for (int r = 0; r < kRowsPerWarp; ++r) scale[r] = a.w.down_scale(expert, min(r0 + r, D - 1), kc, I, D);
 #pragma unroll
         for (int t = 0; t < kMaxTok; ++t) {
           if (t >= n) break;
@@ -339,24 +313,54 @@ __global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(Sm
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; ++r) {
         const float v = warp_sum(acc[r][t]);
-        if (lane == 0) partial[(slot[t] / per_token) * rows + r0 + r] += weight[t] * v;
+        if (lane == 0 && r0 + r < D) a.part[int64_t(slot[t]) * D + r0 + r] = weight[t] * v;
       }
     }
   }
+
+  // Arrive at the tile; the last of its gridDim.y blocks sums the parts.
   __syncthreads();
-  for (int i = threadIdx.x; i < T * rows; i += blockDim.x) {
-    const int t = i / rows, r = i % rows;
-    if (d0 + r >= D) continue;
+  if (threadIdx.x == 0) {
+    __threadfence();  // this block's parts are visible before its arrival
+    s_last = atomicAdd(a.tile_arrivals + blockIdx.x, 1u) == gridDim.y - 1;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < T * kTileRows; i += blockDim.x) {
+    const int t = i / kTileRows, d = d0 + i % kTileRows;
+    if (d >= D) continue;
     float sum = 0.0f;
-    for (int w = 0; w < kSmallDownWarps; ++w) sum += s_partial[(w * T + t) * rows + r];
-    a.out[int64_t(t) * D + d0 + r] = __float2bfloat16(sum);
+    for (int j = 0; j < per_token; ++j) sum += __ldcg(a.part + int64_t(t * per_token + j) * D + d);
+    a.out[int64_t(t) * D + d] = __float2bfloat16(sum);
   }
 }
 
+constexpr size_t small_moe_round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// Output rows a down block covers.
+constexpr int small_down_tile_rows(int down_rows_per_warp) { return kSmallDownWarps * down_rows_per_warp; }
+
+// Workspace of the small path: act, the per-slot parts, the tile counters.
+inline size_t small_moe_workspace_bytes(int tokens, int per_token, int hidden, int inter, int down_rows_per_warp) {
+  const size_t slots = size_t(tokens) * per_token, tiles = (hidden + small_down_tile_rows(down_rows_per_warp) - 1) /
+                                                          small_down_tile_rows(down_rows_per_warp);
+  return small_moe_round_up(slots * inter * 2) + small_moe_round_up(slots * hidden * 4) + tiles * 4;
+}
+
 template <typename Stacks, int kMaxTok>
-void launch_small_moe(const SmallMoeArgs<Stacks>& a, int gate_up_cols, int down_rows_per_warp, cudaStream_t stream,
-                      const char* op) {
+void launch_small_moe(SmallMoeArgs<Stacks> a, int gate_up_cols, int down_rows_per_warp, void* workspace,
+                      cudaStream_t stream, const char* op) {
   const int slots = a.num_tokens * a.slots.per_token();
+  const int tile_rows = small_down_tile_rows(down_rows_per_warp);
+  auto* ws = static_cast<uint8_t*>(workspace);
+  a.act = reinterpret_cast<__nv_bfloat16*>(ws);
+  ws += small_moe_round_up(size_t(slots) * a.inter * 2);
+  a.part = reinterpret_cast<float*>(ws);
+  ws += small_moe_round_up(size_t(slots) * a.hidden * 4);
+  a.tile_arrivals = reinterpret_cast<unsigned*>(ws);
+  a.down_tiles = (a.hidden + tile_rows - 1) / tile_rows;
+
   const int cols_per_block = kSmallGateUpWarps * gate_up_cols;
   const dim3 gate_up_grid((a.inter + cols_per_block - 1) / cols_per_block, slots);
   const int gate_up_threads = kSmallGateUpWarps * 32, down_threads = kSmallDownWarps * 32;
@@ -367,32 +371,28 @@ void launch_small_moe(const SmallMoeArgs<Stacks>& a, int gate_up_cols, int down_
   MLA_CUDA_REQUIRE(gate_up_kernel, std::string(op) + ": gate_up columns per warp must be 1, 2 or 4");
   launch_dependent(gate_up_kernel, gate_up_grid, gate_up_threads, 0, stream, a);
   check_launch(op);
-  const int rows = a.down_rows_per_block;
-  const dim3 down_grid((a.hidden + rows - 1) / rows);
-  const size_t smem = sizeof(float) * kSmallDownWarps * a.num_tokens * rows;
-  const auto down_kernel = down_rows_per_warp == 1   ? moe_small_down_kernel<Stacks, kMaxTok, 1>
-                           : down_rows_per_warp == 2 ? moe_small_down_kernel<Stacks, kMaxTok, 2>
+  const dim3 down_grid(a.down_tiles, slots);
+  const auto down_kernel = down_rows_per_warp == 2   ? moe_small_down_kernel<Stacks, kMaxTok, 2>
                            : down_rows_per_warp == 4 ? moe_small_down_kernel<Stacks, kMaxTok, 4>
+                           : down_rows_per_warp == 8 ? moe_small_down_kernel<Stacks, kMaxTok, 8>
                                                      : nullptr;
-  MLA_CUDA_REQUIRE(down_kernel, std::string(op) + ": down rows per warp must be 1, 2 or 4");
-  launch_dependent(down_kernel, down_grid, down_threads, smem, stream, a);
+  MLA_CUDA_REQUIRE(down_kernel, std::string(op) + ": down rows per warp must be 2, 4 or 8");
+  launch_dependent(down_kernel, down_grid, down_threads, 0, stream, a);
   check_launch(op);
 }
 
-// Both launches for T <= 8 tokens (kernels instantiated for 1, 2, 4, 8).
+// Both launches for T <= 8 tokens (kernels instantiated for 1, 2, 4, 8);
+// workspace holds small_moe_workspace_bytes.
 template <typename Stacks>
-void run_small_moe(const SmallMoeArgs<Stacks>& a, int gate_up_cols, int down_rows_per_warp, cudaStream_t stream,
-                   const char* op) {
+void run_small_moe(const SmallMoeArgs<Stacks>& a, int gate_up_cols, int down_rows_per_warp, void* workspace,
+                   cudaStream_t stream, const char* op) {
   MLA_CUDA_REQUIRE(a.num_tokens >= 1 && a.num_tokens <= 8 && a.slots.per_token() <= kSmallMaxSlotsPerToken &&
                        a.hidden % Stacks::kElems == 0 && a.inter % Stacks::kElems == 0,
                    std::string(op) + ": the small path takes 1 to 8 tokens of at most 16 slots");
-  MLA_CUDA_REQUIRE(a.down_rows_per_block > 0 && a.down_rows_per_block <= 64 &&
-                       a.down_rows_per_block % down_rows_per_warp == 0,
-                   std::string(op) + ": down rows per block must be a multiple of the rows per warp, at most 64");
-  if (a.num_tokens <= 1) launch_small_moe<Stacks, 1>(a, gate_up_cols, down_rows_per_warp, stream, op);
-  else if (a.num_tokens <= 2) launch_small_moe<Stacks, 2>(a, gate_up_cols, down_rows_per_warp, stream, op);
-  else if (a.num_tokens <= 4) launch_small_moe<Stacks, 4>(a, gate_up_cols, down_rows_per_warp, stream, op);
-  else launch_small_moe<Stacks, 8>(a, gate_up_cols, down_rows_per_warp, stream, op);
+  if (a.num_tokens <= 1) launch_small_moe<Stacks, 1>(a, gate_up_cols, down_rows_per_warp, workspace, stream, op);
+  else if (a.num_tokens <= 2) launch_small_moe<Stacks, 2>(a, gate_up_cols, down_rows_per_warp, workspace, stream, op);
+  else if (a.num_tokens <= 4) launch_small_moe<Stacks, 4>(a, gate_up_cols, down_rows_per_warp, workspace, stream, op);
+  else launch_small_moe<Stacks, 8>(a, gate_up_cols, down_rows_per_warp, workspace, stream, op);
 }
 
 }  // namespace
