@@ -1,7 +1,7 @@
 #pragma once
 // One token's expert selection by one warp (moe_router.h's MoeRouteParams):
 // shared by the router kernel and moe_select's fused logits + selection.
-// sel_s (kMaxRoutedExperts floats) and group_kept (32) are the warp's own
+// sel_s (32 * kRoutePerLane floats) and group_kept (32) are the warp's own
 // shared-memory scratch. Logits are read through L2 (__ldcg): moe_select's
 // last block reads those the other blocks of its grid wrote.
 #include "kernels/cuda/bf16_vec.cuh"
@@ -9,7 +9,12 @@
 
 namespace mlaserve::cuda {
 
-constexpr int kRoutePerLane = kMaxRoutedExperts / 32;
+// Experts a lane holds (route_token's kRoutePerLane): the selection loops
+// are unrolled over them, so the kernels are instantiated for 2, 8 and 16 and
+// take the smallest that covers E (V2-Lite's 64 experts: 2, V3's 256: 8). One
+// warp's selection is serial; at batch 1 it was most of moe_select's time
+// when every E took the 512-expert loops.
+inline int route_per_lane(int num_experts) { return num_experts <= 64 ? 2 : num_experts <= 256 ? 8 : 16; }
 
 // Warp-wide argmax; ties go to the lower expert index (deterministic).
 __device__ __forceinline__ void warp_argmax(float& v, int& idx) {
@@ -24,6 +29,7 @@ __device__ __forceinline__ void warp_argmax(float& v, int& idx) {
   }
 }
 
+template <int kRoutePerLane>
 __device__ __forceinline__ void route_token(const MoeRouteParams& p, int t, float* sel_s, bool* group_kept) {
   const int lane = threadIdx.x % 32;
   const int E = p.num_experts;

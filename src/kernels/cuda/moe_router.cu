@@ -11,14 +11,15 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4;
 
+template <int kPerLane>
 __global__ void moe_route_kernel(MoeRouteParams p) {
   pdl_enter();
-  __shared__ float sel_s[kWarpsPerBlock][kMaxRoutedExperts];  // selection scores (+ bias)
+  __shared__ float sel_s[kWarpsPerBlock][32 * kPerLane];  // selection scores (+ bias)
   __shared__ bool group_kept[kWarpsPerBlock][32];
   const int warp = threadIdx.x / 32;
   const int t = blockIdx.x * kWarpsPerBlock + warp;
   if (t >= p.num_tokens) return;
-  route_token(p, t, sel_s[warp], group_kept[warp]);
+  route_token<kPerLane>(p, t, sel_s[warp], group_kept[warp]);
 }
 
 }  // namespace
@@ -44,7 +45,9 @@ void moe_route(const MoeRouteParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return;
   require_valid_route(p, "moe_route");
   const int blocks = (p.num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  launch_dependent(moe_route_kernel, blocks, kWarpsPerBlock * 32, 0, stream, p);
+  const int per_lane = route_per_lane(p.num_experts);
+  const auto kernel = per_lane == 2 ? moe_route_kernel<2> : per_lane == 8 ? moe_route_kernel<8> : moe_route_kernel<16>;
+  launch_dependent(kernel, blocks, kWarpsPerBlock * 32, 0, stream, p);
   check_launch("moe_route");
 }
 

@@ -16,12 +16,13 @@ constexpr int kMaxT = kMoeSelectMaxTokens;
 constexpr int kStep = kThreads * 8;  // elements a block covers per 16-byte load a thread
 constexpr int kPrefetch = 4;         // loads issued before pdl_wait: hidden <= 8192 in full
 
+template <int kPerLane>
 __global__ void __launch_bounds__(kThreads)
     moe_select_kernel(const __nv_bfloat16* __restrict__ h, const __nv_bfloat16* __restrict__ w, int hidden,
                       MoeRouteParams p, float* logits, unsigned* arrivals) {
   pdl_launch_dependents();
   __shared__ float partial[kWarps][kMaxT];
-  __shared__ float sel_s[kWarps][kMaxRoutedExperts];
+  __shared__ float sel_s[kWarps][32 * kPerLane];
   __shared__ bool group_kept[kWarps][32];
   __shared__ bool last;
   const int e = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -74,7 +75,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   if (!last) return;
   __threadfence();
-  for (int t = warp; t < T; t += kWarps) route_token(p, t, sel_s[warp], group_kept[warp]);
+  for (int t = warp; t < T; t += kWarps) route_token<kPerLane>(p, t, sel_s[warp], group_kept[warp]);
   if (threadIdx.x == 0) *arrivals = 0;  // ready for the next launch
 }
 
@@ -101,8 +102,11 @@ void moe_select(const __nv_bfloat16* h, const __nv_bfloat16* w, int64_t hidden, 
   require_valid_route(p, "moe_select");
   float* logits = ws.logits.get<float>();
   p.logits = logits;
-  launch_dependent(moe_select_kernel, p.num_experts, kThreads, 0, stream, h, w, int(hidden), p, logits,
-                   ws.arrivals.get<unsigned>());
+  const int per_lane = route_per_lane(p.num_experts);
+  const auto kernel = per_lane == 2   ? moe_select_kernel<2>
+                      : per_lane == 8 ? moe_select_kernel<8>
+                                      : moe_select_kernel<16>;
+  launch_dependent(kernel, p.num_experts, kThreads, 0, stream, h, w, int(hidden), p, logits, ws.arrivals.get<unsigned>());
   check_launch("moe_select");
 }
 
