@@ -7,6 +7,7 @@
 //
 //   bench_model_cuda --dir /tmp/v2lite [--preset v2-lite] [--layers N] [--dtype bf16|fp8]
 //                    [--batches 1,8,64] [--input 512] [--output 128] [--kv-cache-dtype auto|fp8_e4m3]
+//                    [--prefill 0|1]
 // With --dtype fp8 the checkpoint is block-FP8 (run with MLASERVE_FP8=1 to
 // keep the weights FP8 on the GPU; bytes are then counted at 1 per weight
 // for the quantized projections).
@@ -49,6 +50,7 @@ struct Args {
   std::vector<int> batches = {1, 8, 64};
   int input = 512, output = 128;
   std::string kv_cache_dtype = "auto";  // the decode runs' latent cache: auto (bf16) or fp8_e4m3
+  bool prefill = true;                  // time the 1 x 4096 and 8 x 512 prefills
 };
 
 Args parse(int argc, char** argv) {
@@ -62,6 +64,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--input") a.input = std::stoi(v);
     else if (k == "--output") a.output = std::stoi(v);
     else if (k == "--kv-cache-dtype") a.kv_cache_dtype = v;
+    else if (k == "--prefill") a.prefill = v != "0";
     else if (k == "--batches") {
       a.batches.clear();
       std::stringstream ss(v);
@@ -387,6 +390,7 @@ int run(const Args& a) {
   std::printf("\n| shape | mode | tok/s | ms/step | GB/s | of copy | TFLOP/s | of GEMM |\n|---|---|---|---|---|---|---|---|\n");
   // Prefill.
   for (auto [B, len] : {std::pair{1, 4096}, std::pair{8, 512}}) {
+    if (!a.prefill) break;
     auto cache = allocate_kv_cache(be, c, B * len);
     const ForwardBatch pb = prefill_batch(B, len, len, rng, c.vocab_size);
     model.forward(pb, cache);  // warm-up (plans, allocator)

@@ -3,9 +3,12 @@
 # .device-cuda carried (see pack.sh): device facts, the GPU tests, a
 # compute-sanitizer pass over them, and the kernel benchmarks. Logs go to
 # $OUT; the last lines printed are the summary.
-# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|grouped|fp8|model|nopdl|engine|v3fp8|peer]...
+# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|grouped|fp8|model|nopdl|ncu|ncudetail|engine|v3fp8|peer]...
 # (default: tests sanitize bench model peer). nopdl repeats the model's decode
-# with programmatic dependent launch off (MLASERVE_PDL=0), to show what it buys. model makes a random v2-lite
+# with programmatic dependent launch off (MLASERVE_PDL=0), to show what it buys;
+# ncu times every kernel of a few decode steps of a 4-layer v2-lite with
+# Nsight Compute, and ncudetail shows stall reasons for the kernels
+# NCU_KERNELS names. model makes a random v2-lite
 # checkpoint in $CKPT (default /tmp/v2lite) and runs bench_model_cuda on it;
 # peer runs transformers on the same checkpoint.
 set -uo pipefail
@@ -64,6 +67,24 @@ for step in "${steps[@]}"; do
       MLASERVE_PDL=0 "$dir/bench_model_cuda" --dir "$CKPT" ${NOPDL_ARGS:---batches 1,8 --output 64} 2>&1 |
         tee "$OUT/model_nopdl.log"
       summary+=("model bench without PDL: rc=${PIPESTATUS[0]}")
+      ;;
+    ncu)
+      ncu=$(command -v ncu || find /opt/nvidia /usr/local -name ncu -type f 2>/dev/null | head -1)
+      # Clocks and caches left alone: the kernels run as in the step (weights stay in L2 as they would).
+      "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+        "$dir/bench_model_cuda" --dir /tmp/v2l4 --layers 4 --prefill 0 ${NCU_ARGS:---batches 1 --output 3} \
+        > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
+      summary+=("ncu: rc=$?, $(grep -c gpu__time_duration "$OUT/ncu.csv") kernels")
+      ;;
+    ncudetail)
+      # Stall reasons and memory throughput of the kernels NCU_KERNELS names (a regex).
+      ncu=$(command -v ncu || find /opt/nvidia /usr/local -name ncu -type f 2>/dev/null | head -1)
+      "$ncu" --clock-control none --cache-control none -k "regex:${NCU_KERNELS:-moe_select}" --launch-skip 6 \
+        --launch-count ${NCU_COUNT:-2} --section SpeedOfLight --section WarpStateStats --section LaunchStats \
+        --section Occupancy --section MemoryWorkloadAnalysis \
+        "$dir/bench_model_cuda" --dir /tmp/v2l4 --layers 4 --prefill 0 --batches 1 --output 3 \
+        > "$OUT/ncu_detail.txt" 2>&1
+      summary+=("ncu detail: rc=$?")
       ;;
     engine)
       # The runtime end to end (golden tokens through generate / serve, then
