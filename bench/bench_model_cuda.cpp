@@ -341,10 +341,17 @@ class OpTimingBackend final : public Backend {
 
 };
 
+// Device buffers of next_tokens for up to 1024 rows.
+struct ArgmaxBuffers {
+  explicit ArgmaxBuffers(int64_t vocab) : ids(size_t(4) * 1024), work(greedy_argmax_workspace_bytes(1024, vocab)) {}
+  DeviceBuffer ids, work;
+};
+
 // Greedy next tokens of device logits {B, V}: argmax on the GPU, B ids to the host.
-std::vector<int32_t> next_tokens(CudaBackend& be, const Tensor& logits, DeviceBuffer& ids) {
+std::vector<int32_t> next_tokens(CudaBackend& be, const Tensor& logits, ArgmaxBuffers& buf) {
   const int64_t B = logits.dim(0);
-  greedy_argmax(logits.data<float>(), B, logits.dim(1), ids.get<int32_t>(), be.stream());
+  DeviceBuffer& ids = buf.ids;
+  greedy_argmax(logits.data<float>(), B, logits.dim(1), ids.get<int32_t>(), buf.work.get(), be.stream());
   std::vector<int32_t> h(B);
   MLA_CUDA_CHECK(cudaMemcpyAsync(h.data(), ids.get(), B * 4, cudaMemcpyDeviceToHost, be.stream()), "bench");
   be.synchronize();
@@ -382,7 +389,7 @@ int run(const Args& a) {
   std::printf("weights: %s, projections read at %.4f bytes a weight\n", a.dtype.c_str(), pc.quantized_bytes);
   std::printf("loaded %d layers in %.1f s (%s)\n", c.num_hidden_layers, seconds_since(t0), be.name().c_str());
   std::mt19937 rng(1);
-  DeviceBuffer ids(size_t(4) * 1024);
+  ArgmaxBuffers argmax(c.vocab_size);
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
@@ -427,7 +434,7 @@ int run(const Args& a) {
     for (int s0 = 0; s0 < B; s0 += group) {
       const int n = std::min(group, B - s0);
       const ForwardBatch pb = prefill_batch(n, a.input, stride, rng, c.vocab_size, s0);
-      const std::vector<int32_t> t = next_tokens(be, model.forward(pb, cache), ids);
+      const std::vector<int32_t> t = next_tokens(be, model.forward(pb, cache), argmax);
       tokens.insert(tokens.end(), t.begin(), t.end());
     }
     DecodeGraphOptions opt;
@@ -444,7 +451,7 @@ int run(const Args& a) {
       cudaEventRecord(e0, be.stream());
       for (int s = 0; s < steps; ++s) {
         const ForwardBatch db = decode_batch(t, a.input + s, stride);
-        t = next_tokens(be, use_graph ? graphs->replay(db) : model.forward(db, cache), ids);
+        t = next_tokens(be, use_graph ? graphs->replay(db) : model.forward(db, cache), argmax);
       }
       cudaEventRecord(e1, be.stream());
       cudaEventSynchronize(e1);

@@ -811,7 +811,8 @@ void CudaBackend::argmax_rows(const Tensor& logits, Tensor ids) {
   check_dev(ids, DType::I32, "argmax_rows", "ids");
   MLA_CHECK(logits.ndim() == 2 && logits.dim(1) > 0 && ids.numel() == logits.dim(0),
             "argmax_rows: {} ids for logits {}", ids.numel(), shape_str(logits.shape()));
-  cuda::greedy_argmax(logits.data<float>(), logits.dim(0), logits.dim(1), ids.data<int32_t>(), stream_);
+  Tensor work = alloc({int64_t(cuda::greedy_argmax_workspace_bytes(logits.dim(0), logits.dim(1)))}, DType::U8);
+  cuda::greedy_argmax(logits.data<float>(), logits.dim(0), logits.dim(1), ids.data<int32_t>(), work.raw(), stream_);
 }
 
 void CudaBackend::sample_rows(const Tensor& logits, const std::vector<RowSampling>& rows, Tensor ids) {

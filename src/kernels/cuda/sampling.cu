@@ -17,27 +17,63 @@ __device__ __forceinline__ void better(float& v, int& i, float ov, int oi) {
   }
 }
 
-// One block a row: strided scan (float4 loads), then a warp/block reduction.
-__global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* ids) {
+constexpr int kArgmaxThreads = 256;
+constexpr int kArgmaxSlice = kArgmaxThreads * 8;  // logits a block scans: two float4 loads a thread
+
+// Warp-wide `better` reduction: every lane ends with the warp's best.
+__device__ __forceinline__ void warp_better(float& v, int& idx) {
+  for (int o = 16; o > 0; o >>= 1) better(v, idx, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, idx, o));
+}
+
+// Block (slice blockIdx.x, row blockIdx.y): the best of kArgmaxSlice logits
+// into partial[row][slice]. A row is spread over many blocks: one block a
+// row took 88 us for a 102400-word vocabulary, bound by one SM's loads.
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_slice_kernel(const float* logits, int64_t vocab,
+                                                                      float2* partial) {
   pdl_enter();
-  const float* row = logits + blockIdx.x * vocab;
+  const float* row = logits + blockIdx.y * vocab;
+  const int64_t base = int64_t(blockIdx.x) * kArgmaxSlice;
   float v = -INFINITY;
   int idx = 0x7fffffff;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) better(v, idx, row[i], int(i));
-  for (int o = 16; o > 0; o >>= 1) better(v, idx, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, idx, o));
-  __shared__ float sv[kThreads / 32];
-  __shared__ int si[kThreads / 32];
+  const bool vec = vocab % 4 == 0;  // rows then start 16-byte aligned
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t i = base + (int64_t(half) * kArgmaxThreads + threadIdx.x) * 4;
+    if (vec && i + 4 <= vocab) {
+      const float4 f = *reinterpret_cast<const float4*>(row + i);
+      better(v, idx, f.x, int(i));
+      better(v, idx, f.y, int(i + 1));
+      better(v, idx, f.z, int(i + 2));
+      better(v, idx, f.w, int(i + 3));
+    } else {
+      for (int64_t j = i; j < i + 4 && j < vocab; ++j) better(v, idx, row[j], int(j));
+    }
+  }
+  warp_better(v, idx);
+  __shared__ float sv[kArgmaxThreads / 32];
+  __shared__ int si[kArgmaxThreads / 32];
   if (threadIdx.x % 32 == 0) {
     sv[threadIdx.x / 32] = v;
     si[threadIdx.x / 32] = idx;
   }
   __syncthreads();
   if (threadIdx.x < 32) {
-    v = threadIdx.x < kThreads / 32 ? sv[threadIdx.x] : -INFINITY;
-    idx = threadIdx.x < kThreads / 32 ? si[threadIdx.x] : 0x7fffffff;
-    for (int o = 16; o > 0; o >>= 1) better(v, idx, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, idx, o));
-    if (threadIdx.x == 0) ids[blockIdx.x] = idx;
+    v = threadIdx.x < kArgmaxThreads / 32 ? sv[threadIdx.x] : -INFINITY;
+    idx = threadIdx.x < kArgmaxThreads / 32 ? si[threadIdx.x] : 0x7fffffff;
+    warp_better(v, idx);
+    if (threadIdx.x == 0) partial[int64_t(blockIdx.y) * gridDim.x + blockIdx.x] = make_float2(v, __int_as_float(idx));
   }
+}
+
+// One warp a row: the best of the row's slices (ties: lowest index).
+__global__ void argmax_merge_kernel(const float2* partial, int slices, int32_t* ids) {
+  pdl_enter();
+  const float2* p = partial + int64_t(blockIdx.x) * slices;
+  float v = -INFINITY;
+  int idx = 0x7fffffff;
+  for (int s = threadIdx.x; s < slices; s += 32) better(v, idx, p[s].x, __float_as_int(p[s].y));
+  warp_better(v, idx);
+  if (threadIdx.x == 0) ids[blockIdx.x] = idx;
 }
 
 // Block-wide argmax of a row (all threads get the result).
@@ -182,10 +218,22 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
 
 }  // namespace
 
-void greedy_argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids, cudaStream_t stream) {
+size_t greedy_argmax_workspace_bytes(int64_t rows, int64_t vocab) {
+  return size_t(rows) * size_t((vocab + kArgmaxSlice - 1) / kArgmaxSlice) * sizeof(float2);
+}
+
+void greedy_argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids, void* workspace,
+                   cudaStream_t stream) {
   if (rows == 0) return;
-  launch_dependent(argmax_kernel, unsigned(rows), kThreads, 0, stream, logits, vocab, ids);
+  MLA_CUDA_REQUIRE(vocab > 0 && vocab < (int64_t(1) << 31) && rows < 65536,
+                   "greedy_argmax: " + std::to_string(rows) + " rows of " + std::to_string(vocab));
+  const int slices = int((vocab + kArgmaxSlice - 1) / kArgmaxSlice);
+  auto* partial = static_cast<float2*>(workspace);
+  launch_dependent(argmax_slice_kernel, dim3(unsigned(slices), unsigned(rows)), kArgmaxThreads, 0, stream, logits,
+                   vocab, partial);
   check_launch("greedy_argmax");
+  launch_dependent(argmax_merge_kernel, unsigned(rows), 32, 0, stream, partial, slices, ids);
+  check_launch("greedy_argmax (merge)");
 }
 
 void sample_tokens(const float* logits, int64_t rows, int64_t vocab, const RowSamplingParams* params, int32_t* ids,

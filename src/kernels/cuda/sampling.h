@@ -2,12 +2,17 @@
 // Sampling on the GPU, so that only token ids cross to the host.
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace mlaserve::cuda {
 
-// ids[r] = argmax over logits{rows, vocab}[r] (lowest index on ties).
-void greedy_argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids, cudaStream_t stream);
+// ids[r] = argmax over logits{rows, vocab}[r] (lowest index on ties), in two
+// launches: each row's slices in parallel, then the slices' best; workspace
+// holds greedy_argmax_workspace_bytes(rows, vocab).
+size_t greedy_argmax_workspace_bytes(int64_t rows, int64_t vocab);
+void greedy_argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids, void* workspace,
+                   cudaStream_t stream);
 
 // Per-row sampling parameters (device array, one per row), as the runtime's
 // SamplingParams: temperature <= 1e-5 or top_k == 1 means greedy.
