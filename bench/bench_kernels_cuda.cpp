@@ -191,8 +191,6 @@ void BM_MlaDecode(benchmark::State& state) {
   p.scale = 0.1f;
   p.out = out.get<__nv_bfloat16>();
   p.num_splits = state.range(2) ? int(state.range(2)) : mla_absorbed_num_splits(B, kHeads, sms, ctx);
-  // range(3): splits merged on chip per cluster (0: the launcher's choice; 1: the merge kernel alone).
-  p.split_cluster = int(state.range(3));
   DeviceBuffer work(mla_absorbed_workspace_bytes(B, kHeads, kLatent, p.num_splits));
   if (p.num_splits > 1) {
     p.partial_out = work.get<float>();
@@ -203,7 +201,6 @@ void BM_MlaDecode(benchmark::State& state) {
   const double flops = 2.0 * B * kHeads * double(ctx) * (D + kLatent);
   report(state, s, bytes, flops);
   state.counters["splits"] = p.num_splits;
-  state.counters["cluster"] = p.split_cluster;
 }
 
 // The same decode over an FP8 latent cache (--kv-cache-dtype fp8_e4m3):
@@ -436,10 +433,10 @@ BENCHMARK(BM_SkinnyGemm)
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_HeadBmm)->ArgsProduct({{1, 4, 8}, {0, 1}, {0, 1}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
 BENCHMARK(BM_MlaDecode)
-    ->ArgsProduct({{1, 32, 128}, {4096, 32768}, {0}, {0}})
-    ->Args({128, 4096, 1, 0})->Args({64, 8192, 0, 0})
-    // Small batches: the merge kernel alone (cluster 1) against on-chip cluster merges and fewer splits.
-    ->ArgsProduct({{1, 4}, {512, 4096}, {0, 8, 16}, {1, 8}})->ArgsProduct({{1}, {1024}, {0, 8}, {1, 4, 8}})
+    ->ArgsProduct({{1, 32, 128}, {4096, 32768}, {0}})
+    ->Args({128, 4096, 1})->Args({64, 8192, 0})
+    // Small batches: the launcher's split count against fixed ones.
+    ->ArgsProduct({{1, 4}, {512, 1024, 4096}, {0, 8, 16}})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_MlaDecodeFp8Cache)->Args({1, 4096})->Args({1, 32768})->Args({64, 8192})->Args({128, 4096})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);

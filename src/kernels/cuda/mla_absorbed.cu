@@ -1,6 +1,5 @@
 #include "kernels/cuda/mla_absorbed.h"
 
-#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -20,13 +19,12 @@ constexpr int kBlockN = 32;         // latent rows per pipeline stage
 constexpr int kWarps = 4;
 constexpr int kLoadersPerRow = 4;  // threads copying one latent row
 constexpr int kMaxSplits = 64;
-// Splits merged on chip by one thread-block cluster (8: the portable maximum).
-// The default is no cluster: on the H200 (075cfab, BM_MlaDecode, eager) the
-// on-chip merge was slower at every shape timed: 1 x 512 16.5 us (cluster 8)
-// vs 14.4 (merge kernel alone), 1 x 4096 18.3 vs 17.9, 4 x 4096 34.8 vs 22.3,
-// 64 x 8192 251 (cluster 4) vs 165 without (an earlier run). A cluster waits for its slowest split and
-// its blocks must share a GPC, which costs more than the merge kernel saves.
-constexpr int kMaxSplitCluster = 8, kDefaultSplitCluster = 1;
+// Splits are combined by a separate merge kernel. Merging them on chip
+// instead (thread-block clusters over distributed shared memory, removed in
+// session 3) was slower at every shape timed on the H200 (075cfab, eager):
+// 1 x 512 16.5 us (cluster 8) vs 14.4, 1 x 4096 18.3 vs 17.9, 4 x 4096 34.8
+// vs 22.3, 64 x 8192 251 (cluster 4) vs 165: a cluster waits for its slowest
+// split and its blocks must share a GPC.
 // Below two tiles a split is mostly latency, except for the smallest batches.
 // (One tile: a 1 x 640 call in a graph took 8.2 us at 20 splits vs 8.4 at 10,
 // but 8 x 640 took 11.5 us at 20 splits, more merge, where the previous kernel
@@ -99,89 +97,6 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2_scaled(uint32_t t) {
 // row with the few chunk residues they use, so addresses stay immediates.
 __device__ __forceinline__ int swizzle_chunk(int chunk, int row) { return chunk ^ (row & 7); }
 
-// The splits of one cluster (consecutive blockIdx.x) combine their softmax
-// partials through distributed shared memory, so only one partial per
-// cluster reaches global memory, or, when the cluster covers every split,
-// the output itself and no merge kernel runs. Each block scales its
-// unnormalized O by 2^(m_b - M) / L (M, L: the cluster's max and sum), then
-// block r sums every C-th float4 column group over the C blocks. The sums
-// run in rank order, so the result does not depend on which block ends first.
-template <int kL>
-__device__ __forceinline__ void cluster_merge(const MlaAbsorbedParams& p, const float (&o)[kL / kWarps / 8][4],
-                                              const float (&m_run)[2], const float (&l_run)[2], uint8_t* smem,
-                                              int partial, int t, int h0, int heads) {
-  namespace cg = cooperative_groups;
-  constexpr int kDimsPerWarp = kL / kWarps, kNTiles = kDimsPerWarp / 8, kQuads = kL / 4;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int rank = int(cluster.block_rank()), size = int(cluster.num_blocks());
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c2 = (lane % 4) * 2;
-  // The tiles are dead: every warp is past its last MMA, and no copy is in flight.
-  cp_async_wait<0>();
-  __syncthreads();
-  auto* o_s = reinterpret_cast<float*>(smem);                      // [16 heads][kL]
-  auto* stats = reinterpret_cast<float2*>(o_s + kHeadsPerBlock * kL);  // [16 heads] (m, l)
-  if (warp == 0 && lane % 4 == 0) {
-    stats[g] = make_float2(m_run[0], l_run[0]);
-    stats[g + 8] = make_float2(m_run[1], l_run[1]);
-  }
-  cluster.sync();
-  float w_self[2], lse[2], inv[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = g + 8 * r;
-    float mx = -INFINITY;
-    for (int b = 0; b < size; ++b) mx = fmaxf(mx, cluster.map_shared_rank(stats, b)[row].x);
-    float sum = 0.0f;
-    for (int b = 0; b < size; ++b) {
-      const float2 ml = cluster.map_shared_rank(stats, b)[row];
-      sum += ml.x == -INFINITY ? 0.0f : ml.y * exp2f(ml.x - mx);
-    }
-    w_self[r] = m_run[r] == -INFINITY ? 0.0f : exp2f(m_run[r] - mx);
-    inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
-    lse[r] = sum > 0.0f ? mx + log2f(sum) : -INFINITY;
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-#pragma unroll
-    for (int j = 0; j < kNTiles; ++j) {
-      const int dim = warp * kDimsPerWarp + j * 8 + c2;
-      const float w = w_self[r] * inv[r];
-      *reinterpret_cast<float2*>(o_s + (g + 8 * r) * kL + dim) = make_float2(o[j][2 * r] * w, o[j][2 * r + 1] * w);
-    }
-  cluster.sync();
-  const int num_partials = (p.num_splits + size - 1) / size;
-  for (int item = rank * blockDim.x + tid; item < kHeadsPerBlock * kQuads; item += size * blockDim.x) {
-    const int row = item / kQuads, quad = item % kQuads;
-    if (row >= heads) continue;
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int b = 0; b < size; ++b) {
-      const float4 v = reinterpret_cast<const float4*>(cluster.map_shared_rank(o_s, b))[item];
-      acc.x += v.x;
-      acc.y += v.y;
-      acc.z += v.z;
-      acc.w += v.w;
-    }
-    const int64_t th = int64_t(t) * p.num_heads + h0 + row;
-    if (num_partials == 1) {
-      auto* dst = reinterpret_cast<__nv_bfloat162*>(p.out + th * kL + quad * 4);
-      dst[0] = __floats2bfloat162_rn(acc.x, acc.y);
-      dst[1] = __floats2bfloat162_rn(acc.z, acc.w);
-    } else {
-      const int64_t sth = int64_t(partial) * p.num_tokens * p.num_heads + th;
-      *reinterpret_cast<float4*>(p.partial_out + sth * kL + quad * 4) = acc;
-    }
-  }
-  if (num_partials > 1 && rank == 0 && warp == 0 && lane % 4 == 0) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = g + 8 * r;
-      if (row < heads)
-        p.partial_lse[int64_t(partial) * p.num_tokens * p.num_heads + int64_t(t) * p.num_heads + h0 + row] = lse[r];
-    }
-  }
-  cluster.sync();  // the other blocks' reads of this block's shared memory are done
-}
-
 // One block: 16 heads of one token over one split of its context, in tiles of
 // kBlockN latent rows streamed through a kStages-deep cp.async ring.
 //
@@ -242,8 +157,7 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) mla_absorbed_mma_ke
   const int chunk = split_chunk(range.attend, p.num_splits);
   const int begin = split * chunk, end = min(begin + chunk, range.attend);
 
-  const int cluster_size = p.split_cluster;
-  if (begin >= end && cluster_size == 1) {  // this split got no rows: an empty partial result
+  if (begin >= end) {  // this split got no rows: an empty partial result
     if (p.num_splits > 1) {
       // Weight 0: the merge skips this split's (unwritten) partial rows.
       const int64_t sth0 = (int64_t(split) * p.num_tokens + t) * p.num_heads + h0;
@@ -529,10 +443,6 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) mla_absorbed_mma_ke
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
   }
-  if (cluster_size > 1) {
-    cluster_merge<kL>(p, o, m_run, l_run, smem_raw, split / cluster_size, t, h0, heads);
-    return;
-  }
   const float inv[2] = {1.0f / l_run[0], 1.0f / l_run[1]};
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -576,8 +486,7 @@ __global__ void __launch_bounds__(kMergeGroups * kMergeDims / 4) mla_merge_kerne
   grid_dependency_wait();
   const int64_t th = blockIdx.x;  // blockIdx.y picks a slice of the latent dims
   const int64_t stride = int64_t(p.num_tokens) * p.num_heads;
-  // One partial per cluster of splits (the kernel merged each cluster's own).
-  const int num_partials = (p.num_splits + p.split_cluster - 1) / p.split_cluster;
+  const int num_partials = p.num_splits;
   for (int s = threadIdx.x; s < num_partials; s += blockDim.x) weight[s] = p.partial_lse[s * stride + th];
   __syncthreads();
   if (threadIdx.x < 32) {
@@ -674,34 +583,16 @@ template <int kStages, int kBlocksPerSm, bool kFp8>
 void launch_mma(const MlaAbsorbedParams& p, cudaStream_t stream) {
   auto kernel = mla_absorbed_mma_kernel<512, 64, kStages, kBlocksPerSm, kFp8>;
   constexpr size_t smem = mma_smem_bytes<512, 64, kStages, kFp8>();
-  static_assert(smem >= sizeof(float) * (kHeadsPerBlock * 512 + 2 * kHeadsPerBlock), "cluster merge buffers");
   static bool attribute_set = false;  // once per process and variant
   if (!attribute_set) {
     MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
                    "mla_attention_absorbed");
     attribute_set = true;
   }
-  const int num_partials = (p.num_splits + p.split_cluster - 1) / p.split_cluster;
-  const dim3 grid(num_partials * p.split_cluster, (p.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock, p.num_tokens);
-  if (p.split_cluster == 1) {
-    kernel<<<grid, kWarps * 32, smem, stream>>>(p);
-  } else {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = grid;
-    config.blockDim = dim3(kWarps * 32);
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeClusterDimension;
-    attribute[0].val.clusterDim.x = unsigned(p.split_cluster);
-    attribute[0].val.clusterDim.y = 1;
-    attribute[0].val.clusterDim.z = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-    MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p), "mla_attention_absorbed (split cluster)");
-  }
+  const dim3 grid(p.num_splits, (p.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock, p.num_tokens);
+  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
   check_launch("mla_attention_absorbed");
-  if (num_partials > 1) {
+  if (p.num_splits > 1) {
     cudaLaunchConfig_t config = {};
     static_assert(512 % kMergeDims == 0, "merge slices tile the latent");
     config.gridDim = dim3(p.num_tokens * p.num_heads, 512 / kMergeDims);
@@ -766,18 +657,12 @@ void mla_attention_absorbed(const MlaAbsorbedParams& p, cudaStream_t stream) {
   MLA_CUDA_REQUIRE(p.num_splits >= 1 && p.num_splits <= kMaxSplits,
                    "mla_attention_absorbed: num_splits " + std::to_string(p.num_splits) + " outside [1, " +
                        std::to_string(kMaxSplits) + "]");
-  MLA_CUDA_REQUIRE(p.split_cluster >= 0 && p.split_cluster <= kMaxSplitCluster,
-                   "mla_attention_absorbed: split_cluster " + std::to_string(p.split_cluster) + " outside [0, " +
-                       std::to_string(kMaxSplitCluster) + "]");
-  MlaAbsorbedParams q = p;
-  if (q.split_cluster == 0) q.split_cluster = std::min(q.num_splits, kDefaultSplitCluster);
-  q.split_cluster = std::min(q.split_cluster, q.num_splits);
-  MLA_CUDA_REQUIRE(q.num_splits == q.split_cluster || (q.partial_out && q.partial_lse),
+  MLA_CUDA_REQUIRE(p.num_splits == 1 || (p.partial_out && p.partial_lse),
                    std::string("mla_attention_absorbed: split-KV needs workspace"));
-  if (q.fp8_cache)
-    launch_mma<kDecodeStages, kDecodeBlocksPerSm, true>(q, stream);
+  if (p.fp8_cache)
+    launch_mma<kDecodeStages, kDecodeBlocksPerSm, true>(p, stream);
   else
-    launch_mma<kDecodeStages, kDecodeBlocksPerSm, false>(q, stream);
+    launch_mma<kDecodeStages, kDecodeBlocksPerSm, false>(p, stream);
 }
 
 }  // namespace mlaserve::cuda

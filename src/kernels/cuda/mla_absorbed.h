@@ -6,9 +6,7 @@
 // One latent "KV head" serves all H query heads, so a block takes 16 heads
 // of one token and every latent row it loads feeds all 16 (FlashMLA's idea;
 // QK and PV on tensor cores). Small batches split the KV sequence across
-// blocks and a merge kernel combines the partial softmax results; optionally
-// the splits of one thread-block cluster merge theirs on chip first
-// (distributed shared memory), so the merge kernel only combines clusters.
+// blocks and a merge kernel combines the partial softmax results.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -33,15 +31,11 @@ struct MlaAbsorbedParams {
   int num_seqs = 0, num_tokens = 0, num_heads = 0, latent_dim = 0, rope_dim = 0;
   float scale = 1.0f;
   __nv_bfloat16* out = nullptr;  // {T, H, L}
-  // Split-KV scratch (num_splits > split_cluster): {num_splits, T, H, L} and {num_splits, T, H} f32
-  // (mla_absorbed_workspace_bytes; only the first ceil(num_splits / split_cluster) are used).
+  // Split-KV scratch (num_splits > 1): {num_splits, T, H, L} and {num_splits, T, H} f32
+  // (mla_absorbed_workspace_bytes).
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
   int num_splits = 1;
-  // Consecutive splits merged on chip by one thread-block cluster, 1-8 (0:
-  // the launcher's choice, 1). 1 is the plain kernel plus the merge kernel;
-  // clusters measured slower on the H200 (mla_absorbed.cu says by how much).
-  int split_cluster = 0;
 };
 
 // Splits that fill the GPU for this many tokens and heads. max_kv_len only
