@@ -8,9 +8,9 @@
 //   bench_model_cuda --dir /tmp/v2lite [--preset v2-lite] [--layers N] [--dtype bf16|fp8]
 //                    [--batches 1,8,64] [--input 512] [--output 128] [--kv-cache-dtype auto|fp8_e4m3]
 //                    [--prefill 0|1]
-// With --dtype fp8 the checkpoint is block-FP8 (run with MLASERVE_FP8=1 to
-// keep the weights FP8 on the GPU; bytes are then counted at 1 per weight
-// for the quantized projections).
+// With --dtype fp8 the checkpoint is block-FP8 and its weights stay FP8 on
+// the GPU (bytes counted at 1 per weight for the quantized projections)
+// unless MLASERVE_FP8=0 dequantizes them at load.
 #ifdef MLASERVE_WITH_CUDA
 #include <cuda_runtime_api.h>
 
@@ -383,9 +383,7 @@ int run(const Args& a) {
   be.synchronize();
   const ModelConfig& c = model.config();
   ParamCounts pc = count_params(c);
-  // FP8-resident weights only with MLASERVE_FP8=1 (cuda_backend.cpp); otherwise they were dequantized at load.
-  const char* fp8_env = std::getenv("MLASERVE_FP8");
-  if (a.dtype == "fp8" && fp8_env && std::string(fp8_env) == "1") pc.quantized_bytes = 1.0 + 4.0 / (128 * 128);
+  if (a.dtype == "fp8" && cuda_be.fp8_weights()) pc.quantized_bytes = 1.0 + 4.0 / (128 * 128);
   std::printf("weights: %s, projections read at %.4f bytes a weight\n", a.dtype.c_str(), pc.quantized_bytes);
   std::printf("loaded %d layers in %.1f s (%s)\n", c.num_hidden_layers, seconds_since(t0), be.name().c_str());
   std::mt19937 rng(1);

@@ -99,11 +99,11 @@ for step in "${steps[@]}"; do
       # block-FP8 with FP8-resident weights, then fp8 vs bf16 latent cache at
       # batch 64 (context ${V3_KV_INPUT:-8192}).
       V3=${V3CKPT:-/tmp/v3slice}
-      MLASERVE_FP8=1 "$dir/bench_model_cuda" --dir "$V3" --preset v3-slice --dtype fp8 --batches 1,64 \
+      "$dir/bench_model_cuda" --dir "$V3" --preset v3-slice --dtype fp8 --batches 1,64 \
         --output ${V3_OUTPUT:-32} 2>&1 | tee "$OUT/v3fp8.log"
       summary+=("v3-slice fp8 bench: rc=${PIPESTATUS[0]}")
       for kv in auto fp8_e4m3; do
-        MLASERVE_FP8=1 "$dir/bench_model_cuda" --dir "$V3" --preset v3-slice --dtype fp8 --batches 64 \
+        "$dir/bench_model_cuda" --dir "$V3" --preset v3-slice --dtype fp8 --batches 64 \
           --input ${V3_KV_INPUT:-8192} --output 16 --kv-cache-dtype $kv 2>&1 | tee "$OUT/v3kv_$kv.log"
         summary+=("v3-slice kv $kv: rc=${PIPESTATUS[0]}")
       done

@@ -2,10 +2,10 @@
 // The CUDA backend for Hopper (sm_90a), bf16 activations. Exposed (beyond
 // make_cuda_backend) for the CUDA-graph runner and the GPU tests, which need
 // its stream and allocator.
-// Block-FP8 weights are dequantized to bf16 at load by default. With
-// MLASERVE_FP8=1 in the environment (or set_fp8_weights(true)), those whose
-// K is a multiple of 128 stay FP8 on the device and run through the FP8
-// kernels (docs/fp8.md); the tiny presets' K = 32 weights never do.
+// Block-FP8 weights whose K is a multiple of 128 stay FP8 on the device and
+// run through the FP8 kernels (docs/fp8.md); others (the tiny presets' K = 32)
+// are dequantized to bf16 at load, as all are with MLASERVE_FP8=0 in the
+// environment (or set_fp8_weights(false)).
 #include <cuda_runtime_api.h>
 
 #include <memory>
@@ -66,7 +66,7 @@ class CudaBackend final : public Backend {
   void sample_rows(const Tensor& logits, const std::vector<RowSampling>& rows, Tensor ids) override;
 
   // Whether later load_weight / load_experts calls keep eligible block-FP8
-  // weights in FP8 (default: off unless MLASERVE_FP8=1).
+  // weights in FP8 (default: on unless MLASERVE_FP8=0).
   void set_fp8_weights(bool on) { fp8_weights_ = on; }
   bool fp8_weights() const { return fp8_weights_; }
 
