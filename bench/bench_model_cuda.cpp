@@ -293,10 +293,6 @@ class OpTimingBackend final : public Backend {
   void mla_attention_absorbed(const Tensor& q, const Tensor& c, const DeviceBatch& b, float s, Tensor o) override {
     timed("mla_attention_absorbed", [&] { in_.mla_attention_absorbed(q, c, b, s, o); });
   }
-  void mla_attention_absorbed_uv(const Tensor& q, const Tensor& c, const DeviceBatch& b, float s, const Tensor& w,
-                                 Tensor o) override {
-    timed("mla_attention_absorbed_uv", [&] { in_.mla_attention_absorbed_uv(q, c, b, s, w, o); });
-  }
   void mla_attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& kpe, const DeviceBatch& b, float s,
                               Tensor o) override {
     timed("mla_attention_expanded", [&] { in_.mla_attention_expanded(q, kv, kpe, b, s, o); });

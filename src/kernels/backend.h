@@ -208,17 +208,6 @@ class Backend {
   // by all H query heads, causal per ForwardBatch (kv_slots order).
   virtual void mla_attention_absorbed(const Tensor& q, const Tensor& cache, const DeviceBatch& batch,
                                       float scale, Tensor out) = 0;
-  // mla_attention_absorbed into o_latent{T, H, L}, then head_bmm(o_latent,
-  // w_uv{H, Dv, L}, transpose_w = true, out{T, H, Dv}): the absorbed
-  // attention through W_UV. This default runs exactly those two ops (the CPU
-  // reference); CUDA merges the KV splits inside the W_UV product at decode
-  // sizes, which saves the split merge's own launch.
-  virtual void mla_attention_absorbed_uv(const Tensor& q, const Tensor& cache, const DeviceBatch& batch, float scale,
-                                         const Tensor& w_uv, Tensor out) {
-    Tensor o_latent = alloc({q.dim(0), q.dim(1), w_uv.dim(2)}, act_dtype());
-    mla_attention_absorbed(q, cache, batch, scale, o_latent);
-    head_bmm(o_latent, w_uv, /*transpose_w=*/true, out);
-  }
   // Non-absorbed MLA (prefill/extend): q{T, H, Dn + R}; kv{Lk, H, Dn + Dv} is
   // kv_b_proj's output [k_nope | v] per head and k_pe{Lk, R} the roped key,
   // both for the batch's kv tokens in kv_slots order (Lk = total kv tokens);

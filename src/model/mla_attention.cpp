@@ -68,7 +68,9 @@ void mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
     p.q_pe_col = L;
     prepare(p);
     backend.head_bmm(q_nope, w.w_uk, /*transpose_w=*/false, q_cat);
-    backend.mla_attention_absorbed_uv(q_cat, cache, batch, ctx.softmax_scale, w.w_uv, attn);
+    Tensor o_latent = backend.alloc({T, H, L}, act);
+    backend.mla_attention_absorbed(q_cat, cache, batch, ctx.softmax_scale, o_latent);
+    backend.head_bmm(o_latent, w.w_uv, /*transpose_w=*/true, attn);
   } else {
     // q{T, H, Dn + R} with q_pe roped.
     Tensor q = q_alone ? p.q.view({T, H, Dn + R}) : backend.alloc({T, H, Dn + R}, act);

@@ -637,14 +637,14 @@ void CudaBackend::mla_prepare(const MlaPrepare& mp, const Tensor& positions, con
   cuda::mla_prepare(p, stream_);
 }
 
-MlaAbsorbedParams CudaBackend::absorbed_params(const Tensor& q, const Tensor& cache, const DeviceBatch& batch,
-                                               float scale, int64_t latent, __nv_bfloat16* out, Tensor& work) {
-  const int64_t T = q.dim(0), H = q.dim(1), L = latent, R = q.dim(2) - L;
+void CudaBackend::mla_attention_absorbed(const Tensor& q, const Tensor& cache, const DeviceBatch& batch, float scale,
+                                         Tensor out) {
+  const int64_t T = q.dim(0), H = q.dim(1), L = out.dim(2), R = q.dim(2) - L;
   const bool fp8_cache = cache.dtype() == DType::U8;  // an FP8 cache of Fp8KvLayout{L, R} slots
   const int64_t slot_width = fp8_cache ? Fp8KvLayout{int(L), int(R)}.slot_bytes() : L + R;
-  MLA_CHECK(T == batch.num_tokens && cache.dim(-1) == slot_width && R >= 0,
-            "mla_attention_absorbed: q {}, cache {} {}, latent {} for {} tokens", shape_str(q.shape()),
-            dtype_name(cache.dtype()), shape_str(cache.shape()), L, batch.num_tokens);
+  MLA_CHECK(T == batch.num_tokens && cache.dim(-1) == slot_width && out.shape() == Shape({T, H, L}),
+            "mla_attention_absorbed: q {}, cache {} {}, out {} for {} tokens", shape_str(q.shape()),
+            dtype_name(cache.dtype()), shape_str(cache.shape()), shape_str(out.shape()), batch.num_tokens);
   MlaAbsorbedParams p;
   p.q = bf(q, "mla_attention_absorbed", "q");
   if (fp8_cache) {
@@ -662,47 +662,19 @@ MlaAbsorbedParams CudaBackend::absorbed_params(const Tensor& q, const Tensor& ca
   p.latent_dim = int(L);
   p.rope_dim = int(R);
   p.scale = scale;
-  p.out = out;
+  p.out = bf(out, "mla_attention_absorbed", "out");
   // A captured graph must not bake in this batch's lengths: it plans for the
   // longest context it will replay.
   const int kv_hint = static_batch_ ? static_batch_->max_kv_len : batch.max_kv_len;
   p.num_splits = mla_absorbed_num_splits(int(T), int(H), sm_count_, kv_hint);
+  Tensor work;
   if (p.num_splits > 1 && mla_absorbed_has_fast_path(int(L), int(R))) {
     const size_t bytes = mla_absorbed_workspace_bytes(int(T), int(H), int(L), p.num_splits);
     work = alloc({int64_t(bytes / 4)}, DType::F32);
     p.partial_out = work.data<float>();
     p.partial_lse = p.partial_out + size_t(p.num_splits) * T * H * L;
   }
-  return p;
-}
-
-void CudaBackend::mla_attention_absorbed(const Tensor& q, const Tensor& cache, const DeviceBatch& batch, float scale,
-                                         Tensor out) {
-  const int64_t L = out.dim(2);
-  MLA_CHECK(out.shape() == Shape({q.dim(0), q.dim(1), L}), "mla_attention_absorbed: q {}, out {}",
-            shape_str(q.shape()), shape_str(out.shape()));
-  Tensor work;
-  const MlaAbsorbedParams p =
-      absorbed_params(q, cache, batch, scale, L, bf(out, "mla_attention_absorbed", "out"), work);
   cuda::mla_attention_absorbed(p, stream_);
-}
-
-void CudaBackend::mla_attention_absorbed_uv(const Tensor& q, const Tensor& cache, const DeviceBatch& batch,
-                                            float scale, const Tensor& w_uv, Tensor out) {
-  const int64_t T = q.dim(0), H = q.dim(1), L = w_uv.dim(2), Dv = w_uv.dim(1);
-  MLA_CHECK(w_uv.ndim() == 3 && w_uv.dim(0) == H && out.shape() == Shape({T, H, Dv}),
-            "mla_attention_absorbed_uv: q {}, w_uv {}, out {}", shape_str(q.shape()), shape_str(w_uv.shape()),
-            shape_str(out.shape()));
-  const __nv_bfloat16* wb = as_bf16(w_uv, "mla_attention_absorbed_uv");
-  Tensor work;
-  const MlaAbsorbedParams p = absorbed_params(q, cache, batch, scale, L, nullptr, work);
-  if (!p.partial_out || p.num_splits > kHeadBmmSmallMaxSplits || !head_bmm_small_applies(wb, true, T, L, Dv)) {
-    Backend::mla_attention_absorbed_uv(q, cache, batch, scale, w_uv, out);  // one split, or a large batch
-    return;
-  }
-  cuda::mla_attention_absorbed_splits(p, stream_);
-  head_bmm_small_merging({p.partial_out, p.partial_lse, p.num_splits}, wb, T, H, L, Dv,
-                         bf(out, "mla_attention_absorbed_uv", "out"), Dv, stream_);
 }
 
 void CudaBackend::mla_attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& k_pe,

@@ -14,7 +14,6 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/gemm_cublaslt.h"
-#include "kernels/cuda/mla_absorbed.h"
 
 namespace mlaserve::cuda {
 
@@ -55,8 +54,6 @@ class CudaBackend final : public Backend {
                    float cos_sin_scale) override;
   void mla_attention_absorbed(const Tensor& q, const Tensor& cache, const DeviceBatch& batch, float scale,
                               Tensor out) override;
-  void mla_attention_absorbed_uv(const Tensor& q, const Tensor& cache, const DeviceBatch& batch, float scale,
-                                 const Tensor& w_uv, Tensor out) override;
   void mla_attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& k_pe, const DeviceBatch& batch,
                               float scale, Tensor out) override;
   void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& p, Tensor topk_ids,
@@ -87,10 +84,6 @@ class CudaBackend final : public Backend {
   void use_static_batch_buffers(const StaticBatchBuffers* buffers) { static_batch_ = buffers; }
 
  private:
-  // The absorbed attention's kernel parameters (out may be null) and, for
-  // split-KV on the fast path, its workspace in `work`.
-  MlaAbsorbedParams absorbed_params(const Tensor& q, const Tensor& cache, const DeviceBatch& batch, float scale,
-                                    int64_t latent, __nv_bfloat16* out, Tensor& work);
   // out = x · wᵀ through the skinny kernel or cuBLASLt.
   void matmul(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t m, int64_t n, int64_t k, void* out,
               bool out_f32);

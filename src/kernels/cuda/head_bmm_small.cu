@@ -18,7 +18,6 @@ struct Args {
   __nv_bfloat16* out;
   int tokens, heads, k, n;
   int64_t x_stride, out_stride;  // per head
-  AttentionSplits splits;        // num_splits > 0: x is their merge (the nk kernel only)
 };
 
 // x[:, h, :K] as f32 into xs (after pdl_wait: x is the previous kernel's output).
@@ -26,46 +25,6 @@ __device__ __forceinline__ void stage_x(const Args& a, int h, float (*xs)[kHeadB
   for (int i = threadIdx.x; i < a.tokens * a.k; i += kThreads) {
     const int t = i / a.k, kk = i % a.k;
     xs[t][kk] = __bfloat162float(a.x[(int64_t(t) * a.heads + h) * a.x_stride + kk]);
-  }
-  __syncthreads();
-}
-
-// x[:, h, :K] as f32 into xs, merged from the attention's splits: one warp a
-// token forms the split weights, then each value sums its splits' rows
-// (independent L2 loads) and is rounded to bf16 as the merge kernel would.
-__device__ __forceinline__ void stage_merged_x(const Args& a, int h, float (*xs)[kHeadBmmSmallMaxK]) {
-  __shared__ float weight[kMaxT][kHeadBmmSmallMaxSplits];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, S = a.splits.num_splits;
-  const int64_t stride = int64_t(a.tokens) * a.heads;  // between splits, in (token, head) rows
-  for (int t = warp; t < a.tokens; t += kThreads / 32) {
-    const int64_t th = int64_t(t) * a.heads + h;
-    float m = -INFINITY;
-    for (int s = lane; s < S; s += 32) {
-      weight[t][s] = a.splits.lse[s * stride + th];
-      m = fmaxf(m, weight[t][s]);
-    }
-    m = warp_max(m);
-    float sum = 0.0f;
-    for (int s = lane; s < S; s += 32) {
-      const float w = weight[t][s] == -INFINITY ? 0.0f : exp2f(weight[t][s] - m);
-      weight[t][s] = w;
-      sum += w;
-    }
-    sum = warp_sum(sum);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    for (int s = lane; s < S; s += 32) weight[t][s] *= inv;
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < a.tokens * a.k; i += kThreads) {
-    const int t = i / a.k, kk = i % a.k;
-    const float* src = a.splits.out + (int64_t(t) * a.heads + h) * a.k + kk;
-    float v = 0.0f;
-#pragma unroll 8
-    for (int s = 0; s < S; ++s) {
-      const float w = weight[t][s];
-      if (w != 0.0f) v += w * src[s * stride * a.k];  // an empty split's rows were never written
-    }
-    xs[t][kk] = __bfloat162float(__float2bfloat16(v));
   }
   __syncthreads();
 }
@@ -156,8 +115,7 @@ __global__ void __launch_bounds__(kThreads) head_bmm_nk_kernel(Args a) {
   for (int u = 0; u < kLoads; ++u)
     if (active && u * kStep + lane * 8 < a.k) wv8[u] = Bf16x8::load(wr + u * kStep + lane * 8);
   pdl_wait();
-  if (a.splits.num_splits > 0) stage_merged_x(a, h, xs);
-  else stage_x(a, h, xs);
+  stage_x(a, h, xs);
   if (!active) return;
   float acc[kMaxT] = {};
 #pragma unroll
@@ -198,7 +156,7 @@ void head_bmm_small(const __nv_bfloat16* x, const __nv_bfloat16* w, bool transpo
                    "head_bmm_small: " + std::to_string(tokens) + " tokens, K " + std::to_string(k) + ", N " +
                        std::to_string(n) + " (at most 8 tokens, K <= 512, contiguous weight width a multiple of 8)");
   if (heads == 0) return;
-  const Args a{x, w, out, int(tokens), int(heads), int(k), int(n), x_head_stride, out_head_stride, {}};
+  const Args a{x, w, out, int(tokens), int(heads), int(k), int(n), x_head_stride, out_head_stride};
   if (transpose_w) {
     const dim3 grid(unsigned((n + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(heads));
     launch_dependent(head_bmm_nk_kernel, grid, kThreads, 0, stream, a);
@@ -207,19 +165,6 @@ void head_bmm_small(const __nv_bfloat16* x, const __nv_bfloat16* w, bool transpo
     launch_dependent(head_bmm_kn_kernel, grid, kThreads, 0, stream, a);
   }
   check_launch("head_bmm_small");
-}
-
-void head_bmm_small_merging(const AttentionSplits& x, const __nv_bfloat16* w, int64_t tokens, int64_t heads,
-                            int64_t k, int64_t n, __nv_bfloat16* out, int64_t out_head_stride, cudaStream_t stream) {
-  MLA_CUDA_REQUIRE(head_bmm_small_applies(w, /*transpose_w=*/true, tokens, k, n) && x.num_splits >= 1 &&
-                       x.num_splits <= kHeadBmmSmallMaxSplits && x.out && x.lse,
-                   "head_bmm_small_merging: " + std::to_string(tokens) + " tokens, K " + std::to_string(k) + ", " +
-                       std::to_string(x.num_splits) + " splits (at most 8 tokens, K <= 512, 64 splits)");
-  if (heads == 0) return;
-  const Args a{nullptr, w, out, int(tokens), int(heads), int(k), int(n), k, out_head_stride, x};
-  const dim3 grid(unsigned((n + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(heads));
-  launch_dependent(head_bmm_nk_kernel, grid, kThreads, 0, stream, a);
-  check_launch("head_bmm_small_merging");
 }
 
 }  // namespace mlaserve::cuda

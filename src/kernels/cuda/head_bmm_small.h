@@ -25,22 +25,4 @@ void head_bmm_small(const __nv_bfloat16* x, const __nv_bfloat16* w, bool transpo
                     int64_t x_head_stride, int64_t k, int64_t n, __nv_bfloat16* out, int64_t out_head_stride,
                     cudaStream_t stream);
 
-// The split-KV partial results of the absorbed attention
-// (mla_attention_absorbed_splits): out {num_splits, T, H, K} normalized per
-// split, lse {num_splits, T, H} (log2 of each split's softmax sum, -inf for
-// a split without rows).
-struct AttentionSplits {
-  const float* out = nullptr;
-  const float* lse = nullptr;
-  int num_splits = 0;
-};
-constexpr int kHeadBmmSmallMaxSplits = 64;
-
-// head_bmm_small(x, w, transpose_w = true, ...) where x{T, H, K} is the merge
-// of the splits (each split weighted by 2^(lse - max) / sum, rounded to bf16
-// as the merge kernel writes it): the merge happens while each block stages
-// its head's rows, so the absorbed attention's merge kernel and its launch go.
-void head_bmm_small_merging(const AttentionSplits& x, const __nv_bfloat16* w, int64_t tokens, int64_t heads,
-                            int64_t k, int64_t n, __nv_bfloat16* out, int64_t out_head_stride, cudaStream_t stream);
-
 }  // namespace mlaserve::cuda

@@ -580,7 +580,7 @@ constexpr int kDecodeStages = 2, kDecodeBlocksPerSm = 2;
 // The tensor-core kernel and, for split-KV, the merge (launched as a
 // programmatic dependent so that its launch overlaps the attention grid).
 template <int kStages, int kBlocksPerSm, bool kFp8>
-void launch_mma(const MlaAbsorbedParams& p, bool merge, cudaStream_t stream) {
+void launch_mma(const MlaAbsorbedParams& p, cudaStream_t stream) {
   auto kernel = mla_absorbed_mma_kernel<512, 64, kStages, kBlocksPerSm, kFp8>;
   constexpr size_t smem = mma_smem_bytes<512, 64, kStages, kFp8>();
   static bool attribute_set = false;  // once per process and variant
@@ -592,7 +592,7 @@ void launch_mma(const MlaAbsorbedParams& p, bool merge, cudaStream_t stream) {
   const dim3 grid(p.num_splits, (p.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock, p.num_tokens);
   kernel<<<grid, kWarps * 32, smem, stream>>>(p);
   check_launch("mla_attention_absorbed");
-  if (merge && p.num_splits > 1) {
+  if (p.num_splits > 1) {
     cudaLaunchConfig_t config = {};
     static_assert(512 % kMergeDims == 0, "merge slices tile the latent");
     config.gridDim = dim3(p.num_tokens * p.num_heads, 512 / kMergeDims);
@@ -660,21 +660,9 @@ void mla_attention_absorbed(const MlaAbsorbedParams& p, cudaStream_t stream) {
   MLA_CUDA_REQUIRE(p.num_splits == 1 || (p.partial_out && p.partial_lse),
                    std::string("mla_attention_absorbed: split-KV needs workspace"));
   if (p.fp8_cache)
-    launch_mma<kDecodeStages, kDecodeBlocksPerSm, true>(p, true, stream);
+    launch_mma<kDecodeStages, kDecodeBlocksPerSm, true>(p, stream);
   else
-    launch_mma<kDecodeStages, kDecodeBlocksPerSm, false>(p, true, stream);
-}
-
-void mla_attention_absorbed_splits(const MlaAbsorbedParams& p, cudaStream_t stream) {
-  MLA_CUDA_REQUIRE(mla_absorbed_has_fast_path(p.latent_dim, p.rope_dim) && p.num_splits > 1 &&
-                       p.num_splits <= kMaxSplits && p.partial_out && p.partial_lse && p.num_seqs > 0,
-                   "mla_attention_absorbed_splits: needs the fast path, 2-" + std::to_string(kMaxSplits) +
-                       " splits and their workspace (got " + std::to_string(p.num_splits) + ")");
-  if (p.num_tokens == 0 || p.num_heads == 0) return;
-  if (p.fp8_cache)
-    launch_mma<kDecodeStages, kDecodeBlocksPerSm, true>(p, false, stream);
-  else
-    launch_mma<kDecodeStages, kDecodeBlocksPerSm, false>(p, false, stream);
+    launch_mma<kDecodeStages, kDecodeBlocksPerSm, false>(p, stream);
 }
 
 }  // namespace mlaserve::cuda

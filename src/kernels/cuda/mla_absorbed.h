@@ -50,9 +50,4 @@ bool mla_absorbed_has_fast_path(int latent_dim, int rope_dim);
 
 void mla_attention_absorbed(const MlaAbsorbedParams& p, cudaStream_t stream);
 
-// The attention kernel alone for p.num_splits > 1 on the fast path: the
-// splits' partial results stay in p.partial_out / p.partial_lse for the
-// caller to merge (head_bmm_small_merging), and p.out is not written.
-void mla_attention_absorbed_splits(const MlaAbsorbedParams& p, cudaStream_t stream);
-
 }  // namespace mlaserve::cuda
