@@ -768,41 +768,33 @@ void CudaBackend::moe_experts(const Tensor& x, const ExpertWeights& experts, con
             "moe_experts: x {}, ids {}, weights {}, out {} (hidden {})", shape_str(x.shape()),
             shape_str(topk_ids.shape()), shape_str(topk_weights.shape()), shape_str(out.shape()), stacked->hidden);
   check_dev(topk_weights, DType::F32, "moe_experts", "topk_weights");
+  MoeBatch batch;
+  batch.x = bf(x, "moe_experts", "x");
+  batch.topk_ids = i32(topk_ids, "moe_experts", "topk_ids");
+  batch.topk_weights = topk_weights.data<float>();
+  batch.num_tokens = int(T);
+  batch.hidden = int(D);
+  batch.inter = int(stacked->inter);
+  batch.num_experts = experts.num_experts();
+  batch.top_k = int(k);
+  batch.num_shared = stacked->num_shared;
+  batch.out = bf(out, "moe_experts", "out");
+  if (T == 0) return;
   if (stacked->fp8()) {
     Fp8MoeParams p;
-    p.x = bf(x, "moe_experts", "x");
+    static_cast<MoeBatch&>(p) = batch;
     p.w_gate_up = stacked->gate_up.data<uint8_t>();
     p.w_gate_up_scale = stacked->gate_up_scale.data<float>();
     p.w_down = stacked->down.data<uint8_t>();
     p.w_down_scale = stacked->down_scale.data<float>();
-    p.topk_ids = i32(topk_ids, "moe_experts", "topk_ids");
-    p.topk_weights = topk_weights.data<float>();
-    p.num_tokens = int(T);
-    p.hidden = int(D);
-    p.inter = int(stacked->inter);
-    p.num_experts = experts.num_experts();
-    p.top_k = int(k);
-    p.num_shared = stacked->num_shared;
-    p.out = bf(out, "moe_experts", "out");
-    if (T == 0) return;
     Tensor work = alloc({int64_t(fp8_moe_workspace_bytes(p))}, DType::U8);
     fp8_moe_experts(p, work.raw(), stream_);
     return;
   }
   MoeExpertsParams p;
-  p.x = bf(x, "moe_experts", "x");
+  static_cast<MoeBatch&>(p) = batch;
   p.w_gate_up = stacked->gate_up.data<__nv_bfloat16>();
   p.w_down = stacked->down.data<__nv_bfloat16>();
-  p.topk_ids = i32(topk_ids, "moe_experts", "topk_ids");
-  p.topk_weights = topk_weights.data<float>();
-  p.num_tokens = int(T);
-  p.hidden = int(D);
-  p.inter = int(stacked->inter);
-  p.num_experts = experts.num_experts();
-  p.top_k = int(k);
-  p.num_shared = stacked->num_shared;
-  p.out = bf(out, "moe_experts", "out");
-  if (T == 0) return;
   Tensor work = alloc({int64_t(moe_workspace_bytes(p))}, DType::U8);
   cuda::moe_experts(p, work.raw(), stream_);
 }

@@ -31,21 +31,13 @@
 
 namespace mlaserve::cuda {
 
-struct Fp8MoeParams {
-  const __nv_bfloat16* x = nullptr;  // {T, D}
+struct Fp8MoeParams : MoeBatch {
   const uint8_t* w_gate_up = nullptr;
   const float* w_gate_up_scale = nullptr;
   const uint8_t* w_down = nullptr;
   const float* w_down_scale = nullptr;
-  const int32_t* topk_ids = nullptr;      // {T, k}
-  const float* topk_weights = nullptr;    // {T, k}
-  int num_tokens = 0, hidden = 0, inter = 0;
-  int num_experts = 0;  // routed experts E
-  int top_k = 0;
-  int num_shared = 0;   // shared experts S (stacked after the routed ones)
   MoePath path = MoePath::Auto;
   MoeSmallTuning tuning;
-  __nv_bfloat16* out = nullptr;  // {T, D}
 };
 
 // Smallest batch Auto sends to the Hopper kernels (grouped_gemm_sm90.h).

@@ -32,6 +32,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/moe_batch.h"
+
 namespace mlaserve::cuda {
 
 // True when the current device is a Hopper GPU (compute capability 9.0).
@@ -63,17 +65,12 @@ struct Sm90GemmVariant {
 //   fp8:  gate_up {E + S, 2I, D} e4m3, gate rows then up rows, scales
 //         {E + S, 2I/128, D/128}; down {E + S, D, I}, scales {E + S, D/128, I/128}.
 // hidden % 256 == 0, inter % 128 == 0, top_k + num_shared <= 16.
-struct Sm90MoeParams {
-  const __nv_bfloat16* x = nullptr;  // {T, D}
+struct Sm90MoeParams : MoeBatch {
   const void* w_gate_up = nullptr;   // __nv_bfloat16 (bf16 path) or e4m3 bytes (fp8 path)
   const void* w_down = nullptr;
   const float* w_gate_up_scale = nullptr;  // fp8 path only
   const float* w_down_scale = nullptr;     // fp8 path only
-  const int32_t* topk_ids = nullptr;       // {T, top_k}
-  const float* topk_weights = nullptr;     // {T, top_k}
   const __nv_bfloat16* addend = nullptr;   // {T, D} or null
-  int num_tokens = 0, hidden = 0, inter = 0, num_experts = 0, top_k = 0, num_shared = 0;
-  __nv_bfloat16* out = nullptr;  // {T, D}
   Sm90GemmVariant variant;
 };
 

@@ -278,18 +278,9 @@ bool sm90_widths_fit(const MoeExpertsParams& p) {
 
 Sm90MoeParams sm90_params(const MoeExpertsParams& p) {
   Sm90MoeParams s;
-  s.x = p.x;
+  static_cast<MoeBatch&>(s) = p;
   s.w_gate_up = p.w_gate_up;
   s.w_down = p.w_down;
-  s.topk_ids = p.topk_ids;
-  s.topk_weights = p.topk_weights;
-  s.num_tokens = p.num_tokens;
-  s.hidden = p.hidden;
-  s.inter = p.inter;
-  s.num_experts = p.num_experts;
-  s.top_k = p.top_k;
-  s.num_shared = p.num_shared;
-  s.out = p.out;
   return s;
 }
 

@@ -18,9 +18,10 @@
 //   1. gate_up: one block per (slot, column tile); the first slot of each
 //      expert gathers all the slots that share it (others exit), so each
 //      expert's weights are read once; SiLU-and-mul fused; act{slots, I};
-//   2. down + combine: one block per tile of output rows reads each active
-//      expert's rows once and sums weight * (act · row) over every slot, so
-//      out is written once, in a fixed order (deterministic, no atomics).
+//   2. down + combine: one block per (tile of output rows, slot) reads that
+//      tile of the slot's expert once for all its slots; the tile's last
+//      block adds each token's slots in slot order, so out is written once,
+//      in a fixed order (deterministic, no float atomics).
 //
 // Expert weights are stacked at load time: gate_up {E + S, 2I, D} and down
 // {E + S, D, I}. gate_up interleaves gate and up rows in groups of 8 (rows
@@ -32,6 +33,8 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#include "kernels/cuda/moe_batch.h"
 
 namespace mlaserve::cuda {
 
@@ -45,19 +48,11 @@ struct MoeSmallTuning {
   int down_rows_per_warp = 8;     // output rows one warp owns (a down block: 8 warps): 2, 4, 8
 };
 
-struct MoeExpertsParams {
-  const __nv_bfloat16* x = nullptr;          // {T, D}
+struct MoeExpertsParams : MoeBatch {
   const __nv_bfloat16* w_gate_up = nullptr;  // {E + S, 2I, D}, gate/up interleaved by 8 rows
   const __nv_bfloat16* w_down = nullptr;     // {E + S, D, I}
-  const int32_t* topk_ids = nullptr;         // {T, k}
-  const float* topk_weights = nullptr;       // {T, k}
-  int num_tokens = 0, hidden = 0, inter = 0;
-  int num_experts = 0;  // routed experts E
-  int top_k = 0;
-  int num_shared = 0;   // shared experts S (stacked after the routed ones)
   MoePath path = MoePath::Auto;
   MoeSmallTuning tuning;
-  __nv_bfloat16* out = nullptr;  // {T, D}
 };
 
 // Row of the stacked gate_up matrix holding gate (is_up false) or up row i.
