@@ -88,7 +88,7 @@ void BM_CopyBandwidth(benchmark::State& state) {
 
 // ---- dense FP8 GEMMs ---------------------------------------------------------
 
-enum class Force { Dispatch, Own, CublasLt };
+enum class Force { Dispatch, Own, CublasLt, Sm90 };
 
 void fp8_linear_bench(benchmark::State& state, Force force) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
@@ -107,6 +107,11 @@ void fp8_linear_bench(benchmark::State& state, Force force) {
       case Force::Own:
         linear.run_own_kernel(x.q.get<uint8_t>(), x.scale.get<float>(), x.ld, w.q.get<uint8_t>(),
                               w.scale.get<float>(), m, n, k, out.get<__nv_bfloat16>(), workspace.get(), nullptr);
+        break;
+      case Force::Sm90:
+        path = Fp8GemmPath::Sm90SplitK;
+        linear.run_sm90(x.q.get<uint8_t>(), x.scale.get<float>(), x.ld, w.q.get<uint8_t>(), w.scale.get<float>(), m,
+                        n, k, out.get<__nv_bfloat16>(), workspace.get(), nullptr);
         break;
       case Force::CublasLt:
         path = Fp8GemmPath::CublasLt;
@@ -127,15 +132,17 @@ void fp8_linear_bench(benchmark::State& state, Force force) {
 void BM_Fp8Linear(benchmark::State& state) { fp8_linear_bench(state, Force::Dispatch); }
 void BM_Fp8LinearOwnKernel(benchmark::State& state) { fp8_linear_bench(state, Force::Own); }
 void BM_Fp8LinearCublasLt(benchmark::State& state) { fp8_linear_bench(state, Force::CublasLt); }
+void BM_Fp8LinearSm90(benchmark::State& state) { fp8_linear_bench(state, Force::Sm90); }
 
 // V3 linear shapes {N, K}: q_a, q_b, kv_a, kv_b (expanded prefill), o_proj,
-// shared expert gate_up / down, dense MLP gate_up / down.
+// shared expert gate_up / down, dense MLP gate_up / down, and q_a + kv_a
+// fused as the model runs them.
 const std::vector<std::pair<int64_t, int64_t>> kV3Shapes = {
-    {1536, 7168}, {24576, 1536}, {576, 7168},  {32768, 512},   {7168, 16384},
-    {4096, 7168}, {7168, 2048},  {36864, 7168}, {7168, 18432}};
+    {1536, 7168}, {24576, 1536}, {576, 7168},   {32768, 512},  {7168, 16384},
+    {4096, 7168}, {7168, 2048},  {36864, 7168}, {7168, 18432}, {2112, 7168}};
 
 void dense_args(benchmark::internal::Benchmark* b) {
-  for (int64_t m : {1, 64, 4096})
+  for (int64_t m : {1, 64, 128, 4096})
     for (auto [n, k] : kV3Shapes) b->Args({m, n, k});
 }
 
@@ -284,11 +291,15 @@ BENCHMARK(BM_Fp8Linear)->Apply(dense_args)->UseManualTime()->Unit(benchmark::kMi
 // Each GEMM path forced where the dispatcher picks the other: the evidence
 // for the split (fp8_linear.h).
 BENCHMARK(BM_Fp8LinearOwnKernel)
-    ->Args({64, 7168, 16384})->Args({64, 4096, 7168})
+    ->Args({1, 2112, 7168})->Args({1, 24576, 1536})->Args({1, 7168, 16384})->Args({1, 36864, 7168})
+    ->Args({8, 7168, 16384})->Args({64, 7168, 16384})->Args({64, 4096, 7168})
     ->Args({4096, 24576, 1536})->Args({4096, 7168, 16384})->Args({4096, 36864, 7168})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+BENCHMARK(BM_Fp8LinearSm90)
+    ->Args({8, 7168, 16384})->Args({4096, 24576, 1536})->Args({4096, 7168, 16384})
+    ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
 BENCHMARK(BM_Fp8LinearCublasLt)
-    ->Args({4, 7168, 16384})->Args({8, 7168, 16384})->Args({8, 4096, 7168})->Args({16, 7168, 16384})
+    ->Args({64, 7168, 16384})->Args({128, 24576, 1536})->Args({4, 7168, 16384})->Args({8, 7168, 16384})->Args({8, 4096, 7168})->Args({16, 7168, 16384})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
 BENCHMARK(BM_Fp8Moe)
     ->ArgsProduct({{1, 8, 64, 512, 4096}, {1}, {0}, {4}, {8}})

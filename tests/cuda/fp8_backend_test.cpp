@@ -26,6 +26,7 @@
 #include "io/make_model.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/fp8_linear.h"
+#include "kernels/cuda/grouped_gemm_sm90.h"
 
 namespace mlaserve::cuda::testing {
 namespace {
@@ -87,12 +88,13 @@ TEST_P(Fp8BackendLinear, MatchesTheBf16DequantizedPath) {
   backend.linear(dx, w_fp8, out_fp8);
   const double err = rel_l2(host_floats(backend, out_fp8), as_double(host_floats(backend, out_bf16)));
   const std::string detail = fmt::format("M={} N={} K={} ({})", m, n, k,
-                                         fp8_gemm_path_name(Fp8Linear::path_for(m, n, k)));
+                                         fp8_gemm_path_name(Fp8Linear::path_for(m, n, k, sm90_gemm_supported())));
   report_fp8("backend linear fp8", detail.c_str(), err, kLinearTol);
   EXPECT_LT(err, kLinearTol);
 }
 
-// M = 1, 5: own kernel; 64, 132: cuBLASLt (K % 512 == 0); N = 576: partial
+// M = 1, 5, 64: the sm90 split-K kernel on Hopper (elsewhere the own kernel
+// and, at 64, cuBLASLt); 132: cuBLASLt (K % 512 == 0); N = 576: partial
 // 128-block of weight rows (kv_a's shape class).
 INSTANTIATE_TEST_SUITE_P(Shapes, Fp8BackendLinear,
                          ::testing::Values(LinearCase{1, 384, 512}, LinearCase{5, 576, 256},

@@ -42,7 +42,11 @@ TEST_P(Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
   auto dout = poisoned(c.m * c.n * 2);
   DeviceBuffer workspace(Fp8Linear::workspace_bytes(c.m, c.n, c.k));
   Fp8Linear linear;
-  if (c.path == Fp8GemmPath::OwnKernel) {
+  if (c.path == Fp8GemmPath::Sm90SplitK) {
+    if (!sm90_gemm_supported()) GTEST_SKIP() << "no compute capability 9.0 GPU present";
+    linear.run_sm90(dxq.get<uint8_t>(), dxs.get<float>(), ld, dwq.get<uint8_t>(), dws.get<float>(), c.m, c.n, c.k,
+                    dout.get<__nv_bfloat16>(), workspace.get(), nullptr);
+  } else if (c.path == Fp8GemmPath::OwnKernel) {
     linear.run_own_kernel(dxq.get<uint8_t>(), dxs.get<float>(), ld, dwq.get<uint8_t>(), dws.get<float>(), c.m, c.n,
                           c.k, dout.get<__nv_bfloat16>(), workspace.get(), nullptr);
   } else {
@@ -70,6 +74,7 @@ TEST_P(Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
 
 constexpr auto kOwn = Fp8GemmPath::OwnKernel;
 constexpr auto kLt = Fp8GemmPath::CublasLt;
+constexpr auto kSm90 = Fp8GemmPath::Sm90SplitK;
 INSTANTIATE_TEST_SUITE_P(Shapes, Fp8Gemm,
                          ::testing::Values(Case{1, 576, 7168, kOwn},     // kv_a at decode: split-K, partial tile
                                            Case{3, 1536, 1536, kOwn},    // q_b-like K
@@ -79,16 +84,29 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8Gemm,
                                            Case{200, 256, 1024, kOwn},   // two row chunks
                                            Case{256, 512, 1024, kLt},    //
                                            Case{132, 384, 2048, kLt},    //
-                                           Case{256, 576, 1024, kLt}));  // N not a multiple of 128
+                                           Case{256, 576, 1024, kLt},    // N not a multiple of 128
+                                           Case{1, 576, 7168, kSm90},    // kv_a at decode: split K, ragged N
+                                           Case{3, 2112, 7168, kSm90},   // fused q_a / kv_a
+                                           Case{64, 512, 2048, kSm90},   // 64 x 256 tiles
+                                           Case{128, 384, 1024, kSm90},  // 128 x 128 tiles
+                                           Case{100, 576, 1536, kSm90}));
 
-TEST(Fp8LinearDispatch, SmallMUsesOwnKernelLargerMUsesCublasLt) {
-  EXPECT_EQ(Fp8Linear::path_for(1, 7168, 16384), Fp8GemmPath::OwnKernel);
-  EXPECT_EQ(Fp8Linear::path_for(8, 4096, 7168), Fp8GemmPath::OwnKernel);
-  EXPECT_EQ(Fp8Linear::path_for(12, 4096, 7168), Fp8GemmPath::CublasLt);
-  EXPECT_EQ(Fp8Linear::path_for(128, 24576, 1536), Fp8GemmPath::CublasLt);
-  EXPECT_EQ(Fp8Linear::path_for(4096, 24576, 1536), Fp8GemmPath::CublasLt);
-  EXPECT_EQ(Fp8Linear::path_for(4097, 7168, 2048), Fp8GemmPath::OwnKernel) << "M not a multiple of 4";
-  EXPECT_EQ(Fp8Linear::path_for(64, 576, 1000), Fp8GemmPath::OwnKernel) << "K not a multiple of 512";
+TEST(Fp8LinearDispatch, WithoutHopperSmallMUsesOwnKernelLargerMUsesCublasLt) {
+  EXPECT_EQ(Fp8Linear::path_for(1, 7168, 16384, false), Fp8GemmPath::OwnKernel);
+  EXPECT_EQ(Fp8Linear::path_for(8, 4096, 7168, false), Fp8GemmPath::OwnKernel);
+  EXPECT_EQ(Fp8Linear::path_for(12, 4096, 7168, false), Fp8GemmPath::CublasLt);
+  EXPECT_EQ(Fp8Linear::path_for(128, 24576, 1536, false), Fp8GemmPath::CublasLt);
+  EXPECT_EQ(Fp8Linear::path_for(4096, 24576, 1536, false), Fp8GemmPath::CublasLt);
+  EXPECT_EQ(Fp8Linear::path_for(4097, 7168, 2048, false), Fp8GemmPath::OwnKernel) << "M not a multiple of 4";
+  EXPECT_EQ(Fp8Linear::path_for(64, 576, 1000, false), Fp8GemmPath::OwnKernel) << "K not a multiple of 512";
+}
+
+TEST(Fp8LinearDispatch, OnHopperUpTo128RowsUseTheSplitKKernel) {
+  EXPECT_EQ(Fp8Linear::path_for(1, 7168, 16384, true), Fp8GemmPath::Sm90SplitK);
+  EXPECT_EQ(Fp8Linear::path_for(64, 576, 7168, true), Fp8GemmPath::Sm90SplitK);
+  EXPECT_EQ(Fp8Linear::path_for(128, 24576, 1536, true), Fp8GemmPath::Sm90SplitK);
+  EXPECT_EQ(Fp8Linear::path_for(129, 24576, 1536, true), Fp8GemmPath::CublasLt);
+  EXPECT_EQ(Fp8Linear::path_for(4, 100, 1024, true), Fp8GemmPath::OwnKernel) << "N not a multiple of 8";
 }
 
 TEST(Fp8LinearDispatch, RejectsKThatIsNotABlockMultiple) {

@@ -43,7 +43,8 @@ std::vector<Sm90GemmVariant> fp8_variants() {
 }
 std::string variant_name(const Sm90GemmVariant& v) {
   return "bf16 block_m " + std::to_string(v.bf16_block_m) + ", overlap " + std::to_string(v.fp8_overlap_promotion) +
-         ", fp8 block_m " + std::to_string(v.fp8_block_m) + ", gather " + std::to_string(v.gather_in_producer);
+         ", fp8 block_m " + std::to_string(v.fp8_block_m) + ", gather " + std::to_string(v.gather_in_producer) +
+         ", k splits " + std::to_string(v.fp8_k_splits);
 }
 
 double silu_mul(double g, double u) { return g / (1.0 + std::exp(-g)) * u; }
@@ -280,11 +281,18 @@ TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
   const auto ref_exact = matmul_nt(xf, w.dequant, m, n, k);
   std::vector<Sm90GemmVariant> variants = fp8_variants();
   variants.push_back(Sm90GemmVariant{0, 1, 128});  // 128 x 128 tiles (dense only)
+  variants.push_back(Sm90GemmVariant{0, 1, 0});    // the plan's own tile and split choice
+  // Split K into uneven ranges (3 and 5 do not divide the K blocks of every shape), both tiles.
+  variants.push_back(Sm90GemmVariant{0, 1, 64, -1, 3});
+  variants.push_back(Sm90GemmVariant{0, 1, 128, -1, 5});
   for (const Sm90GemmVariant& v : variants) {
     SCOPED_TRACE(variant_name(v));
     auto dout = poisoned(size_t(m) * n * 2);
     p.out = dout.get<__nv_bfloat16>();
     p.variant = v;
+    p.workspace = nullptr;
+    DeviceBuffer workspace(fp8_gemm_sm90_workspace_bytes(p));
+    p.workspace = workspace.get();
     fp8_gemm_sm90(p, nullptr);
     const auto out = to_float(download<uint16_t>(dout, size_t(m) * n));
     const std::string detail = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + ", o" +
@@ -299,9 +307,12 @@ TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
 }
 
 // Ragged M and N (partial row block, N not a multiple of the 256-wide tile
-// nor of 128, as kv_a's 576), and a shape with several tiles and K blocks.
+// nor of 128, as kv_a's 576), a shape with several tiles and K blocks, and
+// decode rows: one token (63 of the 64 tile rows zero-filled) against V3's
+// fused q_a / kv_a width, whose plan splits K, and 8 tokens.
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Fp8Gemm,
-                         ::testing::Values(DenseShape{100, 576, 512}, DenseShape{300, 1024, 1024}));
+                         ::testing::Values(DenseShape{100, 576, 512}, DenseShape{300, 1024, 1024},
+                                           DenseShape{1, 2112, 7168}, DenseShape{8, 1536, 1536}));
 
 }  // namespace
 }  // namespace mlaserve::cuda::testing

@@ -1,12 +1,19 @@
 #include "kernels/cuda/fp8_linear.h"
 
+#include <algorithm>
+
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/fp8_quant.h"
+#include "kernels/cuda/grouped_gemm_sm90.h"
 
 namespace mlaserve::cuda {
 
 const char* fp8_gemm_path_name(Fp8GemmPath path) {
-  return path == Fp8GemmPath::CublasLt ? "cublaslt" : "own";
+  switch (path) {
+    case Fp8GemmPath::CublasLt: return "cublaslt";
+    case Fp8GemmPath::Sm90SplitK: return "sm90";
+    default: return "own";
+  }
 }
 
 namespace {
@@ -31,17 +38,46 @@ Fp8GemmParams linear_params(const uint8_t* x_q, const float* x_scale, int64_t sc
   return p;
 }
 
+Sm90Fp8GemmParams sm90_params(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w,
+                               const float* w_scale, int64_t m, int64_t n, int64_t k, __nv_bfloat16* out,
+                               void* workspace) {
+  Sm90Fp8GemmParams p;
+  p.a = x_q;
+  p.a_scale = x_scale;
+  p.a_scale_ld = scale_ld;
+  p.w = w;
+  p.w_scale = w_scale;
+  p.out = out;
+  p.m = int(m);
+  p.n = int(n);
+  p.k = int(k);
+  p.workspace = workspace;
+  return p;
+}
+
 }  // namespace
 
-Fp8GemmPath Fp8Linear::path_for(int64_t m, int64_t n, int64_t k) {
+Fp8GemmPath Fp8Linear::path_for(int64_t m, int64_t n, int64_t k, bool hopper) {
+  if (hopper && m <= kMaxSm90Rows && n % 8 == 0 && k % kFp8Group == 0) return Fp8GemmPath::Sm90SplitK;
   return m > kMaxOwnKernelRows && Fp8CublasLtGemm::shape_allowed(m, n, k) ? Fp8GemmPath::CublasLt
                                                                           : Fp8GemmPath::OwnKernel;
 }
 
 size_t Fp8Linear::workspace_bytes(int64_t m, int64_t n, int64_t k) {
   if (m == 0) return 0;
-  return plan_fp8_gemm(linear_params(nullptr, nullptr, fp8_act_scale_ld(m), nullptr, nullptr, m, n, k, nullptr))
-      .workspace_bytes;
+  const size_t own =
+      plan_fp8_gemm(linear_params(nullptr, nullptr, fp8_act_scale_ld(m), nullptr, nullptr, m, n, k, nullptr))
+          .workspace_bytes;
+  if (path_for(m, n, k, sm90_gemm_supported()) != Fp8GemmPath::Sm90SplitK) return own;
+  const Sm90Fp8GemmParams p = sm90_params(nullptr, nullptr, fp8_act_scale_ld(m), nullptr, nullptr, m, n, k, nullptr,
+                                          nullptr);
+  return std::max(own, fp8_gemm_sm90_workspace_bytes(p));
+}
+
+void Fp8Linear::run_sm90(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w,
+                         const float* w_scale, int64_t m, int64_t n, int64_t k, __nv_bfloat16* out, void* workspace,
+                         cudaStream_t stream) {
+  fp8_gemm_sm90(sm90_params(x_q, x_scale, scale_ld, w, w_scale, m, n, k, out, workspace), stream);
 }
 
 void Fp8Linear::run_own_kernel(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w,
@@ -63,7 +99,12 @@ Fp8GemmPath Fp8Linear::run(const uint8_t* x_q, const float* x_scale, int64_t sca
                            const float* w_scale, int64_t m, int64_t n, int64_t k, __nv_bfloat16* out,
                            void* workspace, cudaStream_t stream) {
   MLA_CUDA_REQUIRE(scale_ld >= m, "fp8 linear: scale_ld is smaller than the row count");
-  if (path_for(m, n, k) == Fp8GemmPath::CublasLt &&
+  const Fp8GemmPath path = path_for(m, n, k, hopper_);
+  if (path == Fp8GemmPath::Sm90SplitK) {
+    run_sm90(x_q, x_scale, scale_ld, w, w_scale, m, n, k, out, workspace, stream);
+    return path;
+  }
+  if (path == Fp8GemmPath::CublasLt &&
       run_cublaslt(x_q, x_scale, scale_ld, w, w_scale, m, n, k, out, stream))
     return Fp8GemmPath::CublasLt;
   run_own_kernel(x_q, x_scale, scale_ld, w, w_scale, m, n, k, out, workspace, stream);

@@ -11,6 +11,7 @@
 #include "kernels/cuda/fp8_common.cuh"
 #include "kernels/cuda/grouped_gemm_sm90.cuh"
 #include "kernels/cuda/moe_align.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace mlaserve::cuda {
 namespace {
@@ -56,8 +57,9 @@ struct Fp8Tiles {
 // fp8 for dense GEMMs, 128 x 128 tiles; the consumer warpgroups split the
 // rows (64 x 128 each, the same wgmma shape): a fifth fewer bytes from L2 per
 // product than 64 x 256. 6 stages of 32.5 KB.
+template <bool kOverlap>
 struct Fp8Rows128 {
-  static constexpr bool kFp8 = true, kSplitM = true, kOverlapPromotion = true;
+  static constexpr bool kFp8 = true, kSplitM = true, kOverlapPromotion = kOverlap;
   static constexpr int kBlockM = 128, kBlockN = 128, kBlockK = 128, kStages = 6;
 };
 
@@ -103,6 +105,12 @@ struct GemmArgs {
   int64_t gather_ld = 0;
   const float* gather_scale = nullptr;
   int64_t gather_scale_ld = 0;
+  // Split K (kStore only): each output tile is k_splits work units, unit s
+  // covering K blocks [s * kb / k_splits, (s + 1) * kb / k_splits) and
+  // storing its f32 sums at partials[(s * m + row) * n_out + col];
+  // split_k_sum_kernel adds them in split order.
+  int k_splits = 1;
+  float* partials = nullptr;
 };
 
 // Consecutive tiles walk the columns of a band of kBand row blocks, so the
@@ -114,6 +122,21 @@ __device__ __forceinline__ void tile_coords(int tile, int m_blocks, int n_tiles,
   const int band_rows = min(kBand, m_blocks - band * kBand);
   nb = in_band / band_rows;
   mb = band * kBand + in_band % band_rows;
+}
+
+// A CTA's piece of work: output tile (mb, nb), K blocks [kb_begin, kb_end).
+// The splits of a tile are adjacent units.
+struct WorkUnit {
+  int mb, nb, split, kb_begin, kb_end;
+};
+
+__device__ __forceinline__ WorkUnit work_unit(int unit, int m_blocks, int n_tiles, int k_blocks, int k_splits) {
+  WorkUnit u;
+  u.split = unit % k_splits;
+  tile_coords(unit / k_splits, m_blocks, n_tiles, u.mb, u.nb);
+  u.kb_begin = u.split * k_blocks / k_splits;
+  u.kb_end = (u.split + 1) * k_blocks / k_splits;
+  return u;
 }
 
 template <class T, Epilogue kEpi>
@@ -188,34 +211,39 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int rows = args.rows_in_use ? *args.rows_in_use : args.m;
   const int m_blocks = (rows + T::kBlockM - 1) / T::kBlockM;
   const int n_tiles = n_tiles_of<T, kEpi>(args.n_out);
-  const int tiles = m_blocks * n_tiles, k_blocks = args.k / T::kBlockK;
+  const int k_blocks = args.k / T::kBlockK, units = m_blocks * n_tiles * args.k_splits;
+  // Weight tile rows of unit u's K block kb into stage st.
+  auto load_weights = [&](int st, const WorkUnit& u, int w_row0, int kb) {
+#pragma unroll
+    for (int q = 0; q < T::kBlockN / kPieceRows; ++q)
+      tma_load_2d(w_smem + st * L::kWBytes + q * kPieceRows * kRowBytes, &map_w, &full[st], kb * T::kBlockK,
+                  w_row0 + piece_row<T, kEpi>(args, u.nb, q));
+  };
+  pdl_launch_dependents();
 
   if (kGatherA && warpgroup == 0) {
     sm90::setmaxnreg_dec40();
+    pdl_wait();  // the row ids and x come from earlier kernels
     // Thread t copies 16-byte chunk t % 8 of rows t / 8 + 16 i.
     constexpr int kRowsPerThread = T::kBlockM / 16;
     const int chunk = threadIdx.x % 8, row0 = threadIdx.x / 8;
     const uint8_t* src_base = static_cast<const uint8_t*>(args.gather_src) + chunk * 16;
     int stage = 0;
     uint32_t phase = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      int mb, nb;
-      tile_coords(tile, m_blocks, n_tiles, mb, nb);
-      const int w_row0 = args.block_expert[mb] * args.w_rows;
+    for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+      const WorkUnit u = work_unit(unit, m_blocks, n_tiles, k_blocks, args.k_splits);
+      const int w_row0 = args.block_expert[u.mb] * args.w_rows;
       int src_row[kRowsPerThread];  // -1: pad row
 #pragma unroll
       for (int i = 0; i < kRowsPerThread; ++i) {
-        const int id = args.gather_ids[mb * T::kBlockM + row0 + 16 * i];
+        const int id = args.gather_ids[u.mb * T::kBlockM + row0 + 16 * i];
         src_row[i] = id == args.gather_sentinel ? -1 : id / args.gather_div;
       }
-      for (int kb = 0; kb < k_blocks; ++kb) {
+      for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
         mbar_wait(&empty[stage], phase ^ 1);
         if (threadIdx.x == 0) {
           mbar_arrive_expect_tx(&full[stage], L::kWBytes);
-#pragma unroll
-          for (int q = 0; q < T::kBlockN / kPieceRows; ++q)
-            tma_load_2d(w_smem + stage * L::kWBytes + q * kPieceRows * kRowBytes, &map_w, &full[stage],
-                        kb * T::kBlockK, w_row0 + piece_row<T, kEpi>(args, nb, q));
+          load_weights(stage, u, w_row0, kb);
         }
         const uint32_t a_dst = smem_u32(a_smem + stage * L::kABytes) + ((chunk ^ (row0 & 7)) * 16);
 #pragma unroll
@@ -243,22 +271,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     sm90::setmaxnreg_dec40();
     if (threadIdx.x != 0) return;
-    int stage = 0;
+    // A dense GEMM's weights depend on no earlier kernel: the first unit's
+    // first stages of weights are requested before waiting for the kernel
+    // that wrote A, so that wait overlaps the weight stream's start (PDL).
+    int early = 0;
+    if (!args.block_expert && blockIdx.x < units) {
+      const WorkUnit u = work_unit(blockIdx.x, m_blocks, n_tiles, k_blocks, args.k_splits);
+      early = min(kStages, u.kb_end - u.kb_begin);
+      for (int st = 0; st < early; ++st) {
+        mbar_arrive_expect_tx(&full[st], L::kStageBytes);
+        load_weights(st, u, 0, u.kb_begin + st);
+      }
+    }
+    pdl_wait();
+    int stage = 0, issued = 0;
     uint32_t phase = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      int mb, nb;
-      tile_coords(tile, m_blocks, n_tiles, mb, nb);
-      const int w_row0 = (args.block_expert ? args.block_expert[mb] : 0) * args.w_rows;
-      for (int kb = 0; kb < k_blocks; ++kb) {
-        mbar_wait(&empty[stage], phase ^ 1);
-        mbar_arrive_expect_tx(&full[stage], L::kStageBytes);
-        tma_load_2d(a_smem + stage * L::kABytes, &map_a, &full[stage], kb * T::kBlockK, mb * T::kBlockM);
-#pragma unroll
-        for (int q = 0; q < T::kBlockN / kPieceRows; ++q)
-          tma_load_2d(w_smem + stage * L::kWBytes + q * kPieceRows * kRowBytes, &map_w, &full[stage],
-                      kb * T::kBlockK, w_row0 + piece_row<T, kEpi>(args, nb, q));
+    for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+      const WorkUnit u = work_unit(unit, m_blocks, n_tiles, k_blocks, args.k_splits);
+      const int w_row0 = (args.block_expert ? args.block_expert[u.mb] : 0) * args.w_rows;
+      for (int kb = u.kb_begin; kb < u.kb_end; ++kb, ++issued) {
+        if (issued >= early) {
+          mbar_wait(&empty[stage], phase ^ 1);
+          mbar_arrive_expect_tx(&full[stage], L::kStageBytes);
+          load_weights(stage, u, w_row0, kb);
+        }
+        tma_load_2d(a_smem + stage * L::kABytes, &map_a, &full[stage], kb * T::kBlockK, u.mb * T::kBlockM);
         if constexpr (T::kFp8)
-          tma_load_2d(scale_smem + stage * T::kBlockM, &map_a_scale, &full[stage], mb * T::kBlockM, kb);
+          tma_load_2d(scale_smem + stage * T::kBlockM, &map_a_scale, &full[stage], u.mb * T::kBlockM, kb);
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1;
@@ -272,11 +311,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = warpgroup - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const uint32_t a_base = smem_u32(a_smem) + (T::kSplitM ? wg * 64 * kRowBytes : 0);
   const uint32_t w_base = smem_u32(w_smem) + (T::kSplitM ? 0 : wg * L::kWarpN * kRowBytes);
+  pdl_wait();  // the epilogue overwrites what earlier kernels may still read
   int stage = 0;
   uint32_t phase = 0;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    int mb, nb;
-    tile_coords(tile, m_blocks, n_tiles, mb, nb);
+  for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    const WorkUnit u = work_unit(unit, m_blocks, n_tiles, k_blocks, args.k_splits);
+    const int mb = u.mb, nb = u.nb;
     float acc[L::kAccum];
 #pragma unroll
     for (int i = 0; i < L::kAccum; ++i) acc[i] = 0.0f;
@@ -286,7 +326,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // issued; a stage is released once the products reading it are done.
       int prev_stage = 0;
       fence_registers(acc);
-      for (int kb = 0; kb < k_blocks; ++kb) {
+      for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
         mbar_wait(&full[stage], phase);
         if constexpr (kGatherA) sm90::fence_proxy_async_smem();
         sm90::wgmma_fence();
@@ -301,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         sm90::wgmma_commit();
         sm90::wgmma_wait<1>();
-        if (kb > 0) mbar_arrive(&empty[prev_stage]);
+        if (kb > u.kb_begin) mbar_arrive(&empty[prev_stage]);
         prev_stage = stage;
         if (++stage == kStages) {
           stage = 0;
@@ -310,7 +350,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       sm90::wgmma_wait<0>();
       fence_registers(acc);
-      if (k_blocks > 0) mbar_arrive(&empty[prev_stage]);
+      if (u.kb_end > u.kb_begin) mbar_arrive(&empty[prev_stage]);
     } else {
       // Per 128-wide K block: partial = A_q · W_qᵀ on the tensor cores, then
       // acc += partial * a_scale(row) * w_scale(piece), in f32.
@@ -366,17 +406,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         return st;
       };
       if constexpr (T::kOverlapPromotion) {
-        // K blocks in pairs (k_blocks even, >= 2; the host picks the serial
-        // variant otherwise). Each promotion runs while the other partial
-        // set is on the tensor cores, and no products are in flight across
-        // the loop's back edge (ptxas serializes every wgmma otherwise).
+        // K blocks in pairs (an even number, >= 2, per unit; the host picks
+        // the serial variant otherwise). Each promotion runs while the other
+        // partial set is on the tensor cores, and no products are in flight
+        // across the loop's back edge (ptxas serializes every wgmma otherwise).
         float part_a[L::kAccum], part_b[L::kAccum], sw_a[2], sw_b[2];
-        int st_a = start_block(part_a, 0, sw_a);
-        int st_b = start_block(part_b, 1, sw_b);
+        int st_a = start_block(part_a, u.kb_begin, sw_a);
+        int st_b = start_block(part_b, u.kb_begin + 1, sw_b);
         sm90::wgmma_wait<1>();
         promote(part_a, st_a, sw_a);
         sm90::wgmma_wait<0>();
-        for (int kb = 2; kb < k_blocks; kb += 2) {
+        for (int kb = u.kb_begin + 2; kb < u.kb_end; kb += 2) {
           st_a = start_block(part_a, kb, sw_a);
           promote(part_b, st_b, sw_b);  // block kb - 1, done before the back edge
           st_b = start_block(part_b, kb + 1, sw_b);
@@ -387,7 +427,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         promote(part_b, st_b, sw_b);
       } else {
         float part[L::kAccum], sw[2];
-        for (int kb = 0; kb < k_blocks; ++kb) {
+        for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
           const int st = start_block(part, kb, sw);
           sm90::wgmma_wait<0>();
           promote(part, st, sw);
@@ -403,6 +443,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int col0 = nb * T::kBlockN + (T::kSplitM ? 0 : wg * L::kWarpN);  // first accumulator column
     const int out_col0 = kEpi == Epilogue::kStore ? col0 : col0 / 2;
     const int quad = lane % 4;
+    if constexpr (kEpi == Epilogue::kStore) {
+      if (args.partials) {
+        // Split K: this unit's f32 sums; split_k_sum_kernel adds the splits.
+        float* part_out = args.partials + int64_t(u.split) * args.m * args.n_out;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = row + 8 * h;
+          if (r >= args.m) continue;
+#pragma unroll
+          for (int j = 0; j < kGroups; ++j) {
+            const int c = col0 + 8 * j + 2 * quad;
+            if (c < args.n_out)
+              *reinterpret_cast<float2*>(part_out + int64_t(r) * args.n_out + c) =
+                  make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+          }
+        }
+        continue;
+      }
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       uint32_t word[kGroups];
@@ -504,11 +563,33 @@ void launch_gemm(const CUtensorMap& map_a, const CUtensorMap& map_w, const CUten
     return true;
   }();
   (void)attribute_set;
-  const int max_tiles = max_m_blocks * n_tiles_of<T, kEpi>(args.n_out);
-  const int grid = std::min(sm_count(), max_tiles);
+  const int max_units = max_m_blocks * n_tiles_of<T, kEpi>(args.n_out) * args.k_splits;
+  const int grid = std::min(sm_count(), max_units);
   if (grid <= 0) return;
-  kernel<<<grid, kThreads, smem, stream>>>(map_a, map_w, map_a_scale, args);
+  launch_dependent(kernel, dim3(grid), dim3(kThreads), smem, stream, map_a, map_w, map_a_scale, args);
   check_launch(op);
+}
+
+// out[i] = bf16(sum over the splits of partials[s * count + i]), the splits
+// added in order so the result does not depend on scheduling.
+__global__ void split_k_sum_kernel(const float* partials, int splits, int64_t count, __nv_bfloat16* out) {
+  pdl_enter();
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x * 4;
+  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4; i < count; i += stride) {
+    float4 sum = *reinterpret_cast<const float4*>(partials + i);
+    for (int sp = 1; sp < splits; ++sp) {
+      const float4 v = *reinterpret_cast<const float4*>(partials + sp * count + i);
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
+    }
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(sum.x, sum.y), hi = __floats2bfloat162_rn(sum.z, sum.w);
+    uint2 packed;
+    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(out + i) = packed;
+  }
 }
 
 // dst[m] = src row sorted_ids[m] / top_k (zeros for pads), m < *rows_in_use.
@@ -826,10 +907,47 @@ void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
   check_launch("sm90 fp8 moe combine");
 }
 
+// How a dense fp8 GEMM runs: tile rows, K splits, promotion.
+struct DenseFp8Plan {
+  int block_m = 128, k_splits = 1;
+  bool overlap = false;
+  size_t workspace_bytes = 0;
+};
+
+// NOTES: decode-sized M leaves a few dozen output tiles for 132 SMs; the
+// weights stream at the copy rate only if every SM has work, so K is split
+// into units, choosing the split count that minimizes the busiest SM's K
+// blocks (+ half a block a unit for its turn-around) plus the f32 partials'
+// traffic (written once, read once by the sum), in weight-tile loads.
+DenseFp8Plan plan_dense_fp8(const Sm90Fp8GemmParams& p) {
+  DenseFp8Plan plan;
+  plan.block_m = p.variant.fp8_block_m ? p.variant.fp8_block_m : (p.m <= 64 ? 64 : 128);
+  MLA_CUDA_REQUIRE(plan.block_m == 64 || plan.block_m == 128, "fp8_gemm_sm90: fp8_block_m must be 64 or 128");
+  const int block_n = plan.block_m == 64 ? 256 : 128, k_blocks = p.k / kFp8Group;
+  const int64_t tiles = int64_t((p.m + plan.block_m - 1) / plan.block_m) * ((p.n + block_n - 1) / block_n);
+  const int64_t sms = sm_count();
+  const double tile_load_bytes = double(block_n) * kFp8Group;
+  auto cost = [&](int splits) {
+    const int64_t waves = (tiles * splits + sms - 1) / sms;
+    const double per_unit = (k_blocks + splits - 1) / splits + 0.5;
+    const double partials = splits > 1 ? 2.0 * splits * p.m * p.n * 4 / (tile_load_bytes * sms) : 0.0;
+    return double(waves) * per_unit + partials;
+  };
+  if (p.variant.fp8_k_splits > 0) {
+    plan.k_splits = std::min(p.variant.fp8_k_splits, k_blocks);
+  } else {
+    for (int splits = 2; splits <= std::min(k_blocks, 64); ++splits)
+      if (cost(splits) < cost(plan.k_splits)) plan.k_splits = splits;
+  }
+  plan.overlap = plan.k_splits == 1 && fp8_overlapped(p.variant, p.k);
+  if (plan.k_splits > 1) plan.workspace_bytes = size_t(plan.k_splits) * p.m * p.n * sizeof(float);
+  return plan;
+}
+
 void run_fp8_gemm(const Sm90Fp8GemmParams& p, cudaStream_t stream) {
-  // 128 x 128 tiles measured 2-19% faster than 64 x 256 on every V3 shape.
-  const int block_m = p.variant.fp8_block_m ? p.variant.fp8_block_m : 128;
-  MLA_CUDA_REQUIRE(block_m == 64 || block_m == 128, "fp8_gemm_sm90: fp8_block_m must be 64 or 128");
+  const DenseFp8Plan plan = plan_dense_fp8(p);
+  MLA_CUDA_REQUIRE(plan.workspace_bytes == 0 || p.workspace,
+                   "fp8_gemm_sm90: a split-K plan needs the workspace of fp8_gemm_sm90_workspace_bytes()");
   GemmArgs g;
   g.m = p.m;
   g.k = p.k;
@@ -839,16 +957,27 @@ void run_fp8_gemm(const Sm90Fp8GemmParams& p, cudaStream_t stream) {
   g.w_scale_rows = (p.n + kFp8Group - 1) / kFp8Group;
   g.out = p.out;
   g.out_ld = p.n;
+  g.k_splits = plan.k_splits;
+  g.partials = plan.k_splits > 1 ? static_cast<float*>(p.workspace) : nullptr;
   const CUtensorMap map_w = fp8_tile_map(p.w, p.n, p.k, kPieceRows, "w");
-  if (block_m == 128 && fp8_overlapped(p.variant, p.k)) {
-    launch_gemm<Fp8Rows128, Epilogue::kStore>(fp8_tile_map(p.a, p.m, p.k, 128, "a"), map_w,
-                                              scale_map(p.a_scale, p.a_scale_ld, p.k / kFp8Group, 128), g,
-                                              (p.m + 127) / 128, stream, "sm90 fp8 gemm");
-    return;
+  const int m_blocks = (p.m + plan.block_m - 1) / plan.block_m;
+  const CUtensorMap map_a = fp8_tile_map(p.a, p.m, p.k, plan.block_m, "a");
+  const CUtensorMap map_scale = scale_map(p.a_scale, p.a_scale_ld, p.k / kFp8Group, plan.block_m);
+  if (plan.block_m == 128 && plan.overlap)
+    launch_gemm<Fp8Rows128<true>, Epilogue::kStore>(map_a, map_w, map_scale, g, m_blocks, stream, "sm90 fp8 gemm");
+  else if (plan.block_m == 128)
+    launch_gemm<Fp8Rows128<false>, Epilogue::kStore>(map_a, map_w, map_scale, g, m_blocks, stream, "sm90 fp8 gemm");
+  else if (plan.overlap)
+    launch_gemm<Fp8Tiles<true>, Epilogue::kStore>(map_a, map_w, map_scale, g, m_blocks, stream, "sm90 fp8 gemm");
+  else
+    launch_gemm<Fp8Tiles<false>, Epilogue::kStore>(map_a, map_w, map_scale, g, m_blocks, stream, "sm90 fp8 gemm");
+  if (g.partials) {
+    const int64_t count = int64_t(p.m) * p.n;
+    const int blocks = int(std::min<int64_t>((count / 4 + 255) / 256, 4 * sm_count()));
+    launch_dependent(split_k_sum_kernel, dim3(blocks), dim3(256), 0, stream, static_cast<const float*>(g.partials),
+                     plan.k_splits, count, p.out);
+    check_launch("sm90 fp8 gemm split-K sum");
   }
-  launch_fp8_gemm<Epilogue::kStore>(p.variant, fp8_tile_map(p.a, p.m, p.k, kSm90Fp8BlockM, "a"), map_w,
-                                    scale_map(p.a_scale, p.a_scale_ld, p.k / kFp8Group, kSm90Fp8BlockM), g,
-                                    (p.m + kSm90Fp8BlockM - 1) / kSm90Fp8BlockM, stream, "sm90 fp8 gemm");
 }
 
 }  // namespace
@@ -892,6 +1021,11 @@ void fp8_moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t 
   if (p.num_tokens == 0) return;
   // One variant for both projections (K = hidden, then inter).
   run_fp8_moe(p, workspace, stream);
+}
+
+size_t fp8_gemm_sm90_workspace_bytes(const Sm90Fp8GemmParams& p) {
+  if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.k % kFp8Group != 0) return 0;
+  return plan_dense_fp8(p).workspace_bytes;
 }
 
 void fp8_gemm_sm90(const Sm90Fp8GemmParams& p, cudaStream_t stream) {

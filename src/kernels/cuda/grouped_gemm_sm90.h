@@ -52,6 +52,7 @@ struct Sm90GemmVariant {
   // first); 0: x is first copied (bf16) or gathered and quantized (fp8) into expert order, loaded by TMA;
   // -1: 1 for bf16, for fp8 up to 512 tokens.
   int gather_in_producer = -1;
+  int fp8_k_splits = 0;  // dense fp8 only: K ranges per output tile (f32 partials, then a sum); 0: by shape
 };
 
 // MoE experts of one layer. Slots: each token has top_k + num_shared slots;
@@ -86,7 +87,12 @@ void fp8_moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t 
 // --- dense block-FP8 GEMM: out{M, N} = (a * a_scale) · (w * w_scale)ᵀ in bf16.
 // a {M, K} e4m3 with scales a_scale[kb * a_scale_ld + row] (fp8_quant.h's
 // layout, a_scale_ld % 4 == 0), w {N, K} e4m3 with w_scale {ceil(N/128), K/128}.
-// K % 128 == 0, N % 8 == 0.
+// K % 128 == 0, N % 8 == 0. Tiles: 64 x 256 up to 64 rows, 128 x 128 above.
+// Decode-sized M splits K across the SMs (f32 partial sums in the
+// workspace, added in split order by a second kernel), so the weights
+// stream from every SM; M = 1 works (the TMA zero-fills the tile's missing
+// rows). Launched with PDL: the first weight tiles load while the kernel
+// that wrote a is still finishing.
 struct Sm90Fp8GemmParams {
   const uint8_t* a = nullptr;
   const float* a_scale = nullptr;
@@ -95,8 +101,10 @@ struct Sm90Fp8GemmParams {
   const float* w_scale = nullptr;
   __nv_bfloat16* out = nullptr;
   int m = 0, n = 0, k = 0;
+  void* workspace = nullptr;  // fp8_gemm_sm90_workspace_bytes(): the split-K partial sums
   Sm90GemmVariant variant;
 };
+size_t fp8_gemm_sm90_workspace_bytes(const Sm90Fp8GemmParams& p);
 void fp8_gemm_sm90(const Sm90Fp8GemmParams& p, cudaStream_t stream);
 
 }  // namespace mlaserve::cuda
