@@ -274,9 +274,6 @@ TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
   p.m = m;
   p.n = n;
   p.k = k;
-  DeviceBuffer tile_counters(kSm90MaxSplitTiles * sizeof(int32_t));
-  MLA_CUDA_CHECK(cudaMemset(tile_counters.get(), 0, tile_counters.bytes()), "test");
-  p.tile_counters = tile_counters.get<int>();
 
   std::vector<float> xf(size_t(m) * k);
   for (size_t i = 0; i < xf.size(); ++i) xf[i] = bf16_to_f32(x[i]);
@@ -297,10 +294,6 @@ TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
     DeviceBuffer workspace(fp8_gemm_sm90_workspace_bytes(p));
     p.workspace = workspace.get();
     fp8_gemm_sm90(p, nullptr);
-    // Twice: the split-K tile counters must be left zero for the next call.
-    fp8_gemm_sm90(p, nullptr);
-    const auto counters = download<int32_t>(tile_counters, kSm90MaxSplitTiles);
-    EXPECT_EQ(std::count(counters.begin(), counters.end(), 0), kSm90MaxSplitTiles) << "tile counters left non-zero";
     const auto out = to_float(download<uint16_t>(dout, size_t(m) * n));
     const std::string detail = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + ", o" +
                                std::to_string(v.fp8_overlap_promotion) + " bm" + std::to_string(v.fp8_block_m);

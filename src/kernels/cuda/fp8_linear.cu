@@ -57,12 +57,6 @@ Sm90Fp8GemmParams sm90_params(const uint8_t* x_q, const float* x_scale, int64_t 
 
 }  // namespace
 
-Fp8Linear::Fp8Linear() {
-  if (!hopper_) return;
-  tile_counters_ = DeviceBuffer(kSm90MaxSplitTiles * sizeof(int));
-  MLA_CUDA_CHECK(cudaMemset(tile_counters_.get(), 0, tile_counters_.bytes()), "fp8 linear: split-K counters");
-}
-
 Fp8GemmPath Fp8Linear::path_for(int64_t m, int64_t n, int64_t k, bool hopper) {
   if (hopper && m <= kMaxSm90Rows && n % 8 == 0 && k % kFp8Group == 0) return Fp8GemmPath::Sm90SplitK;
   return m > kMaxOwnKernelRows && Fp8CublasLtGemm::shape_allowed(m, n, k) ? Fp8GemmPath::CublasLt
@@ -83,10 +77,7 @@ size_t Fp8Linear::workspace_bytes(int64_t m, int64_t n, int64_t k) {
 void Fp8Linear::run_sm90(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w,
                          const float* w_scale, int64_t m, int64_t n, int64_t k, __nv_bfloat16* out, void* workspace,
                          cudaStream_t stream) {
-  MLA_CUDA_REQUIRE(hopper_, "fp8 linear: the sm90 kernel needs a compute capability 9.0 (Hopper) GPU");
-  Sm90Fp8GemmParams p = sm90_params(x_q, x_scale, scale_ld, w, w_scale, m, n, k, out, workspace);
-  p.tile_counters = tile_counters_.get<int>();
-  fp8_gemm_sm90(p, stream);
+  fp8_gemm_sm90(sm90_params(x_q, x_scale, scale_ld, w, w_scale, m, n, k, out, workspace), stream);
 }
 
 void Fp8Linear::run_own_kernel(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w,

@@ -16,7 +16,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/fp8_gemm_cublaslt.h"
 #include "kernels/cuda/grouped_gemm_sm90.h"
@@ -29,8 +28,6 @@ const char* fp8_gemm_path_name(Fp8GemmPath path);
 class Fp8Linear {
  public:
   static constexpr int64_t kMaxOwnKernelRows = 8, kMaxSm90Rows = 128;
-
-  Fp8Linear();
 
   // hopper: the device runs grouped_gemm_sm90's kernels.
   static Fp8GemmPath path_for(int64_t m, int64_t n, int64_t k, bool hopper);
@@ -55,7 +52,6 @@ class Fp8Linear {
  private:
   Fp8CublasLtGemm lt_;
   bool hopper_ = sm90_gemm_supported();
-  DeviceBuffer tile_counters_;  // the sm90 kernel's split-K counters (zeroed once, left zero by every call)
 };
 
 }  // namespace mlaserve::cuda

@@ -107,12 +107,10 @@ struct GemmArgs {
   int64_t gather_scale_ld = 0;
   // Split K (kStore only): each output tile is k_splits work units, unit s
   // covering K blocks [s * kb / k_splits, (s + 1) * kb / k_splits) and
-  // storing its f32 sums at partials[(s * m + row) * n_out + col]. The
-  // tile's last unit to finish (tile_counters[tile], zero before, reset to
-  // zero after) adds them in split order and stores the output.
+  // storing its f32 sums at partials[(s * m + row) * n_out + col];
+  // split_k_sum_kernel adds them in split order.
   int k_splits = 1;
   float* partials = nullptr;
-  int* tile_counters = nullptr;
 };
 
 // Consecutive tiles walk the columns of a band of kBand row blocks, so the
@@ -314,8 +312,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t a_base = smem_u32(a_smem) + (T::kSplitM ? wg * 64 * kRowBytes : 0);
   const uint32_t w_base = smem_u32(w_smem) + (T::kSplitM ? 0 : wg * L::kWarpN * kRowBytes);
   pdl_wait();  // the epilogue overwrites what earlier kernels may still read
-  __shared__ int last_unit;  // split K: this CTA finished its tile's last unit
-  auto consumer_barrier = [] { asm volatile("bar.sync 1, 256;" ::: "memory"); };
   int stage = 0;
   uint32_t phase = 0;
   for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
@@ -449,11 +445,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int quad = lane % 4;
     if constexpr (kEpi == Epilogue::kStore) {
       if (args.partials) {
-        // Split K: publish this unit's f32 sums; the tile's last unit adds
-        // every split's in split order (so the result does not depend on
-        // which unit finishes last), reading the others' from L2.
-        const int64_t split_stride = int64_t(args.m) * args.n_out;
-        auto at = [&](int split, int r, int c) { return args.partials + split * split_stride + int64_t(r) * args.n_out + c; };
+        // Split K: this unit's f32 sums; split_k_sum_kernel adds the splits.
+        float* part_out = args.partials + int64_t(u.split) * args.m * args.n_out;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = row + 8 * h;
@@ -462,35 +455,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int j = 0; j < kGroups; ++j) {
             const int c = col0 + 8 * j + 2 * quad;
             if (c < args.n_out)
-              __stcg(reinterpret_cast<float2*>(at(u.split, r, c)), make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
-          }
-        }
-        __threadfence();
-        consumer_barrier();
-        if (threadIdx.x == 128) {
-          int* counter = args.tile_counters + unit / args.k_splits;
-          last_unit = atomicAdd(counter, 1) == args.k_splits - 1;
-          if (last_unit) *counter = 0;  // every unit of the tile has counted: ready for the next GEMM
-        }
-        consumer_barrier();
-        if (!last_unit) continue;
-        __threadfence();
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = row + 8 * h;
-          if (r >= args.m) continue;
-#pragma unroll
-          for (int j = 0; j < kGroups; ++j) {
-            const int c = col0 + 8 * j + 2 * quad;
-            if (c >= args.n_out) continue;
-            float2 sum = make_float2(0.0f, 0.0f);
-            for (int sp = 0; sp < args.k_splits; ++sp) {
-              const float2 v = sp == u.split ? make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1])
-                                             : __ldcg(reinterpret_cast<const float2*>(at(sp, r, c)));
-              sum.x += v.x;
-              sum.y += v.y;
-            }
-            *reinterpret_cast<__nv_bfloat162*>(args.out + int64_t(r) * args.out_ld + c) = __floats2bfloat162_rn(sum.x, sum.y);
+              *reinterpret_cast<float2*>(part_out + int64_t(r) * args.n_out + c) =
+                  make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
           }
         }
         continue;
@@ -602,6 +568,28 @@ void launch_gemm(const CUtensorMap& map_a, const CUtensorMap& map_w, const CUten
   if (grid <= 0) return;
   launch_dependent(kernel, dim3(grid), dim3(kThreads), smem, stream, map_a, map_w, map_a_scale, args);
   check_launch(op);
+}
+
+// out[i] = bf16(sum over the splits of partials[s * count + i]), the splits
+// added in order so the result does not depend on scheduling.
+__global__ void split_k_sum_kernel(const float* partials, int splits, int64_t count, __nv_bfloat16* out) {
+  pdl_enter();
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x * 4;
+  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4; i < count; i += stride) {
+    float4 sum = *reinterpret_cast<const float4*>(partials + i);
+    for (int sp = 1; sp < splits; ++sp) {
+      const float4 v = *reinterpret_cast<const float4*>(partials + sp * count + i);
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
+    }
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(sum.x, sum.y), hi = __floats2bfloat162_rn(sum.z, sum.w);
+    uint2 packed;
+    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(out + i) = packed;
+  }
 }
 
 // dst[m] = src row sorted_ids[m] / top_k (zeros for pads), m < *rows_in_use.
@@ -930,8 +918,7 @@ struct DenseFp8Plan {
 // weights stream at the copy rate only if every SM has work, so K is split
 // into units, choosing the split count that minimizes the busiest SM's K
 // blocks (+ half a block a unit for its turn-around) plus the f32 partials'
-// traffic (written once, read once by the tile's last unit), in weight-tile
-// loads.
+// traffic (written once, read once by the sum), in weight-tile loads.
 DenseFp8Plan plan_dense_fp8(const Sm90Fp8GemmParams& p) {
   DenseFp8Plan plan;
   plan.block_m = p.variant.fp8_block_m ? p.variant.fp8_block_m : (p.m <= 64 ? 64 : 128);
@@ -946,9 +933,7 @@ DenseFp8Plan plan_dense_fp8(const Sm90Fp8GemmParams& p) {
     const double partials = splits > 1 ? 2.0 * splits * p.m * p.n * 4 / (tile_load_bytes * sms) : 0.0;
     return double(waves) * per_unit + partials;
   };
-  if (tiles > kSm90MaxSplitTiles) {
-    plan.k_splits = 1;
-  } else if (p.variant.fp8_k_splits > 0) {
+  if (p.variant.fp8_k_splits > 0) {
     plan.k_splits = std::min(p.variant.fp8_k_splits, k_blocks);
   } else {
     for (int splits = 2; splits <= std::min(k_blocks, 64); ++splits)
@@ -961,9 +946,8 @@ DenseFp8Plan plan_dense_fp8(const Sm90Fp8GemmParams& p) {
 
 void run_fp8_gemm(const Sm90Fp8GemmParams& p, cudaStream_t stream) {
   const DenseFp8Plan plan = plan_dense_fp8(p);
-  MLA_CUDA_REQUIRE(plan.workspace_bytes == 0 || (p.workspace && p.tile_counters),
-                   "fp8_gemm_sm90: a split-K plan needs the workspace of fp8_gemm_sm90_workspace_bytes() and the "
-                   "zeroed tile counters");
+  MLA_CUDA_REQUIRE(plan.workspace_bytes == 0 || p.workspace,
+                   "fp8_gemm_sm90: a split-K plan needs the workspace of fp8_gemm_sm90_workspace_bytes()");
   GemmArgs g;
   g.m = p.m;
   g.k = p.k;
@@ -975,7 +959,6 @@ void run_fp8_gemm(const Sm90Fp8GemmParams& p, cudaStream_t stream) {
   g.out_ld = p.n;
   g.k_splits = plan.k_splits;
   g.partials = plan.k_splits > 1 ? static_cast<float*>(p.workspace) : nullptr;
-  g.tile_counters = p.tile_counters;
   const CUtensorMap map_w = fp8_tile_map(p.w, p.n, p.k, kPieceRows, "w");
   const int m_blocks = (p.m + plan.block_m - 1) / plan.block_m;
   const CUtensorMap map_a = fp8_tile_map(p.a, p.m, p.k, plan.block_m, "a");
@@ -988,6 +971,13 @@ void run_fp8_gemm(const Sm90Fp8GemmParams& p, cudaStream_t stream) {
     launch_gemm<Fp8Tiles<true>, Epilogue::kStore>(map_a, map_w, map_scale, g, m_blocks, stream, "sm90 fp8 gemm");
   else
     launch_gemm<Fp8Tiles<false>, Epilogue::kStore>(map_a, map_w, map_scale, g, m_blocks, stream, "sm90 fp8 gemm");
+  if (g.partials) {
+    const int64_t count = int64_t(p.m) * p.n;
+    const int blocks = int(std::min<int64_t>((count / 4 + 255) / 256, 4 * sm_count()));
+    launch_dependent(split_k_sum_kernel, dim3(blocks), dim3(256), 0, stream, static_cast<const float*>(g.partials),
+                     plan.k_splits, count, p.out);
+    check_launch("sm90 fp8 gemm split-K sum");
+  }
 }
 
 }  // namespace

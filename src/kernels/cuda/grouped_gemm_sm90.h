@@ -88,13 +88,11 @@ void fp8_moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t 
 // a {M, K} e4m3 with scales a_scale[kb * a_scale_ld + row] (fp8_quant.h's
 // layout, a_scale_ld % 4 == 0), w {N, K} e4m3 with w_scale {ceil(N/128), K/128}.
 // K % 128 == 0, N % 8 == 0. Tiles: 64 x 256 up to 64 rows, 128 x 128 above.
-// Decode-sized M splits K across the SMs, so the weights stream from every
-// SM: f32 partial sums go to the workspace and the last unit of each output
-// tile to finish (counted in tile_counters) adds them in split order, in
-// the same kernel. M = 1 works (the TMA zero-fills the tile's missing rows).
-// Launched with PDL: the first weight tiles load while the kernel that
-// wrote a is still finishing.
-constexpr int kSm90MaxSplitTiles = 4096;  // output tiles a split-K plan may have (tile_counters' length)
+// Decode-sized M splits K across the SMs (f32 partial sums in the
+// workspace, added in split order by a second kernel), so the weights
+// stream from every SM; M = 1 works (the TMA zero-fills the tile's missing
+// rows). Launched with PDL: the first weight tiles load while the kernel
+// that wrote a is still finishing.
 struct Sm90Fp8GemmParams {
   const uint8_t* a = nullptr;
   const float* a_scale = nullptr;
@@ -104,9 +102,6 @@ struct Sm90Fp8GemmParams {
   __nv_bfloat16* out = nullptr;
   int m = 0, n = 0, k = 0;
   void* workspace = nullptr;  // fp8_gemm_sm90_workspace_bytes(): the split-K partial sums
-  // kSm90MaxSplitTiles ints, zero before the call and left zero by it (split
-  // K only); calls sharing them must run in stream order.
-  int* tile_counters = nullptr;
   Sm90GemmVariant variant;
 };
 size_t fp8_gemm_sm90_workspace_bytes(const Sm90Fp8GemmParams& p);
