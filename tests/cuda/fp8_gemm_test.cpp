@@ -91,6 +91,30 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8Gemm,
                                            Case{128, 384, 1024, kSm90},  // 128 x 128 tiles
                                            Case{100, 576, 1536, kSm90}));
 
+// Decode rows from bf16 (the sm90 kernel quantizing them itself) against
+// quantize_fp8_act + the same kernel: identical bits.
+TEST(Fp8LinearBf16Input, QuantizingInTheGemmMatchesTheQuantizationKernel) {
+  MLA_SKIP_WITHOUT_GPU();
+  if (!sm90_gemm_supported()) GTEST_SKIP() << "no compute capability 9.0 GPU present";
+  for (const auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 2112, 7168}, {4, 1536, 1536}, {8, 576, 2048}}) {
+    SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k));
+    std::mt19937 rng(5 + m);
+    const HostFp8Weight w = random_fp8_weight(n, k, rng);
+    auto dx = upload(random_activations(m, k, rng)), dwq = upload(w.q), dws = upload(w.scale);
+    const int64_t ld = fp8_act_scale_ld(m);
+    DeviceBuffer dxq(ld * k), dxs(ld * (k / 128) * 4), workspace(Fp8Linear::workspace_bytes(m, n, k));
+    quantize_fp8_act(dx.get<__nv_bfloat16>(), m, k, k, dxq.get<uint8_t>(), dxs.get<float>(), ld, nullptr);
+    auto out_ref = poisoned(m * n * 2), out = poisoned(m * n * 2);
+    Fp8Linear linear;
+    ASSERT_TRUE(linear.quantizes_in_gemm(m, n, k));
+    linear.run_sm90(dxq.get<uint8_t>(), dxs.get<float>(), ld, dwq.get<uint8_t>(), dws.get<float>(), m, n, k,
+                    out_ref.get<__nv_bfloat16>(), workspace.get(), nullptr);
+    ASSERT_TRUE(linear.run_bf16(dx.get<__nv_bfloat16>(), k, dwq.get<uint8_t>(), dws.get<float>(), m, n, k,
+                                out.get<__nv_bfloat16>(), workspace.get(), nullptr));
+    EXPECT_EQ(download<uint16_t>(out, m * n), download<uint16_t>(out_ref, m * n));
+  }
+}
+
 TEST(Fp8LinearDispatch, WithoutHopperSmallMUsesOwnKernelLargerMUsesCublasLt) {
   EXPECT_EQ(Fp8Linear::path_for(1, 7168, 16384, false), Fp8GemmPath::OwnKernel);
   EXPECT_EQ(Fp8Linear::path_for(8, 4096, 7168, false), Fp8GemmPath::OwnKernel);
@@ -107,6 +131,9 @@ TEST(Fp8LinearDispatch, OnHopperUpTo128RowsUseTheSplitKKernel) {
   EXPECT_EQ(Fp8Linear::path_for(128, 24576, 1536, true), Fp8GemmPath::Sm90SplitK);
   EXPECT_EQ(Fp8Linear::path_for(132, 24576, 1536, true), Fp8GemmPath::CublasLt);
   EXPECT_EQ(Fp8Linear::path_for(4, 100, 1024, true), Fp8GemmPath::OwnKernel) << "N not a multiple of 8";
+  EXPECT_TRUE(Fp8Linear::quantizes_in_gemm(8, 576, 7168, true));
+  EXPECT_FALSE(Fp8Linear::quantizes_in_gemm(9, 576, 7168, true));
+  EXPECT_FALSE(Fp8Linear::quantizes_in_gemm(1, 576, 7168, false));
 }
 
 TEST(Fp8LinearDispatch, RejectsKThatIsNotABlockMultiple) {

@@ -295,6 +295,18 @@ TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
     p.workspace = workspace.get();
     fp8_gemm_sm90(p, nullptr);
     const auto out = to_float(download<uint16_t>(dout, size_t(m) * n));
+    if (m <= kSm90QuantizeMaxRows && v.fp8_block_m != 128) {
+      // Quantizing bf16 rows inside the GEMM gives the same e4m3 values and
+      // scales as quantize_fp8_act, and so the same bits.
+      auto dout_q = poisoned(size_t(m) * n * 2);
+      Sm90Fp8GemmParams pq = p;
+      pq.a_bf16 = dx.get<__nv_bfloat16>();
+      pq.a_bf16_ld = k;
+      pq.out = dout_q.get<__nv_bfloat16>();
+      fp8_gemm_sm90(pq, nullptr);
+      EXPECT_EQ(download<uint16_t>(dout_q, size_t(m) * n), download<uint16_t>(dout, size_t(m) * n))
+          << "quantizing in the GEMM differs from the quantization kernel";
+    }
     const std::string detail = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + ", o" +
                                std::to_string(v.fp8_overlap_promotion) + " bm" + std::to_string(v.fp8_block_m);
     // Same quantized operands: only f32 accumulation order and bf16 output rounding differ.
@@ -309,10 +321,12 @@ TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
 // Ragged M and N (partial row block, N not a multiple of the 256-wide tile
 // nor of 128, as kv_a's 576), a shape with several tiles and K blocks, and
 // decode rows: one token (63 of the 64 tile rows zero-filled) against V3's
-// fused q_a / kv_a width, whose plan splits K, and 8 tokens.
+// fused q_a / kv_a width, whose plan splits K, 8 tokens, and 5; up to 8 rows
+// also run quantizing bf16 rows inside the GEMM.
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Fp8Gemm,
                          ::testing::Values(DenseShape{100, 576, 512}, DenseShape{300, 1024, 1024},
-                                           DenseShape{1, 2112, 7168}, DenseShape{8, 1536, 1536}));
+                                           DenseShape{1, 2112, 7168}, DenseShape{8, 1536, 1536},
+                                           DenseShape{5, 576, 2048}));
 
 }  // namespace
 }  // namespace mlaserve::cuda::testing

@@ -478,6 +478,13 @@ void CudaBackend::linear_fp8(const Tensor& x, const Weight& w, Tensor out) {
   const __nv_bfloat16* xp = bf(x, "linear", "x");
   __nv_bfloat16* op = bf(out, "linear", "out");
   if (M == 0) return;
+  if (fp8_linear_->quantizes_in_gemm(M, N, K)) {  // decode rows: no quantization kernel
+    const size_t gemm_bytes = Fp8Linear::workspace_bytes(M, N, K);
+    Tensor work = alloc({int64_t(gemm_bytes)}, DType::U8);
+    fp8_linear_->run_bf16(xp, K, w.w.data<uint8_t>(), w.scale_inv.data<float>(), M, N, K, op,
+                          gemm_bytes ? work.raw() : nullptr, stream_);
+    return;
+  }
   // One workspace block: x_q {ld, K} e4m3, its scales {K/128, ld}, the GEMM's split-K sums.
   const int64_t ld = fp8_act_scale_ld(M);
   const size_t q_bytes = round_up_256(size_t(ld * K)), s_bytes = round_up_256(size_t(ld * (K / kFp8Group)) * 4);

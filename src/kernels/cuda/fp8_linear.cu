@@ -74,6 +74,20 @@ size_t Fp8Linear::workspace_bytes(int64_t m, int64_t n, int64_t k) {
   return std::max(own, fp8_gemm_sm90_workspace_bytes(p));
 }
 
+bool Fp8Linear::quantizes_in_gemm(int64_t m, int64_t n, int64_t k, bool hopper) {
+  return m >= 1 && m <= kSm90QuantizeMaxRows && path_for(m, n, k, hopper) == Fp8GemmPath::Sm90SplitK;
+}
+
+bool Fp8Linear::run_bf16(const __nv_bfloat16* x, int64_t x_ld, const uint8_t* w, const float* w_scale, int64_t m,
+                         int64_t n, int64_t k, __nv_bfloat16* out, void* workspace, cudaStream_t stream) {
+  if (!quantizes_in_gemm(m, n, k)) return false;
+  Sm90Fp8GemmParams p = sm90_params(nullptr, nullptr, fp8_act_scale_ld(m), w, w_scale, m, n, k, out, workspace);
+  p.a_bf16 = x;
+  p.a_bf16_ld = x_ld;
+  fp8_gemm_sm90(p, stream);
+  return true;
+}
+
 void Fp8Linear::run_sm90(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w,
                          const float* w_scale, int64_t m, int64_t n, int64_t k, __nv_bfloat16* out, void* workspace,
                          cudaStream_t stream) {

@@ -3,7 +3,8 @@
 // dequant(x_q{M, K}) · dequant(w{N, K})ᵀ, choosing the GEMM per shape
 // (measured on the H200, docs/fp8.md):
 //   M <= 128 on Hopper -> the wgmma kernel with split K (grouped_gemm_sm90.h:
-//     M = 1 included; weights streamed by TMA from every SM);
+//     M = 1 included; weights streamed by TMA from every SM; up to 8 rows it
+//     also quantizes bf16 x itself, run_bf16);
 //   M > 128 -> cuBLASLt block-scaled FP8 (its wgmma kernels: 0.9-1.1 PFLOP/s
 //     at M = 4096);
 //   otherwise, or where cuBLASLt's layout rules fail -> our portable
@@ -44,6 +45,14 @@ class Fp8Linear {
   void run_own_kernel(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w,
                       const float* w_scale, int64_t m, int64_t n, int64_t k, __nv_bfloat16* out, void* workspace,
                       cudaStream_t stream);
+  // Decode rows straight from bf16: on Hopper with M <= kSm90QuantizeMaxRows
+  // (and N % 8 == 0) the sm90 kernel quantizes x itself, 1x128 as
+  // quantize_fp8_act would, and no quantization kernel runs. Returns false
+  // (and does nothing) for other shapes and GPUs.
+  static bool quantizes_in_gemm(int64_t m, int64_t n, int64_t k, bool hopper);
+  bool quantizes_in_gemm(int64_t m, int64_t n, int64_t k) const { return quantizes_in_gemm(m, n, k, hopper_); }
+  bool run_bf16(const __nv_bfloat16* x, int64_t x_ld, const uint8_t* w, const float* w_scale, int64_t m, int64_t n,
+                int64_t k, __nv_bfloat16* out, void* workspace, cudaStream_t stream);
   void run_sm90(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w, const float* w_scale,
                 int64_t m, int64_t n, int64_t k, __nv_bfloat16* out, void* workspace, cudaStream_t stream);
   bool run_cublaslt(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w,

@@ -95,7 +95,10 @@ struct GemmArgs {
   int w_scale_rows = 0;
   __nv_bfloat16* out = nullptr;
   int64_t out_ld = 0;
-  // Gathering kernels (kGatherA) read A row m from row gather_ids[m] /
+  // ASource::kQuantize: A is bf16 rows x_bf16 + row * x_ld (m <= kQuantizeMaxRows).
+  const __nv_bfloat16* x_bf16 = nullptr;
+  int64_t x_ld = 0;
+  // Gathering kernels (ASource::kGather) read A row m from row gather_ids[m] /
   // gather_div of gather_src (rows gather_ld bytes apart; zeros where
   // gather_ids[m] == gather_sentinel), fp8 scales from
   // gather_scale[kb * gather_scale_ld + that row].
@@ -174,10 +177,19 @@ __device__ __forceinline__ uint4 quad_transpose(uint32_t w0, uint32_t w1, uint32
   return make_uint4(word(0), word(1), word(2), word(3));
 }
 
-// kGatherA: the producer warpgroup copies the A rows itself (cp.async into
-// the swizzled layout, 16 bytes a thread, a warp covering 4 whole rows), so
-// the MoE needs no expert-ordered copy of x; weights still come by TMA.
-template <class T, Epilogue kEpi, bool kGatherA>
+// Where the A tiles come from:
+//  - kTma: TMA boxes of an e4m3 A (and its scales);
+//  - kGather: the producer warpgroup copies the A rows itself (cp.async into
+//    the swizzled layout, 16 bytes a thread, a warp covering 4 whole rows),
+//    so the MoE needs no expert-ordered copy of x; weights still come by TMA;
+//  - kQuantize (fp8, at most kQuantizeMaxRows rows): the producer warpgroup
+//    reads bf16 rows and quantizes them 1x128 as fp8_quant.h does, each
+//    half-warp one row's 128-wide group of the K block, so a decode linear
+//    needs no quantization kernel before it.
+enum class ASource { kTma, kGather, kQuantize };
+constexpr int kQuantizeMaxRows = kSm90QuantizeMaxRows;  // one row a half-warp of the producer warpgroup
+
+template <class T, Epilogue kEpi, ASource kA>
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w,
                      const __grid_constant__ CUtensorMap map_a_scale, const GemmArgs args) {
@@ -192,16 +204,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(scale_smem) + kStages * L::kScaleBytes);
   uint64_t* empty = full + kStages;
 
+  constexpr bool kGatherA = kA == ASource::kGather, kProducerWrites = kA != ASource::kTma;
   const int warpgroup = threadIdx.x / 128;
+  if constexpr (kA == ASource::kQuantize) {
+    // Rows past m stay zero (with zero scales): their products are never stored.
+    for (int i = threadIdx.x; i < kStages * (L::kABytes + L::kScaleBytes) / 16; i += kThreads) {
+      uint8_t* p = i < kStages * L::kABytes / 16 ? a_smem + 16 * i
+                                                 : reinterpret_cast<uint8_t*>(scale_smem) + 16 * i - kStages * L::kABytes;
+      *reinterpret_cast<uint4*>(p) = make_uint4(0, 0, 0, 0);
+    }
+  }
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       // The TMA thread's arrival, plus every producer thread's cp.async arrival when gathering.
-      sm90::mbar_init(&full[s], kGatherA ? 1 + 128 : 1);
+      sm90::mbar_init(&full[s], kProducerWrites ? 1 + 128 : 1);
       sm90::mbar_init(&empty[s], 2 * 128);  // every consumer thread releases
     }
     sm90::mbar_init_fence();
     sm90::tma_prefetch_map(&map_w);
-    if constexpr (!kGatherA) {
+    if constexpr (kA == ASource::kTma) {
       sm90::tma_prefetch_map(&map_a);
       if constexpr (T::kFp8) sm90::tma_prefetch_map(&map_a_scale);
     }
@@ -221,6 +242,55 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   pdl_launch_dependents();
 
+  if (kA == ASource::kQuantize && warpgroup == 0) {
+    sm90::setmaxnreg_dec40();
+    const int hw = threadIdx.x / 16, j = threadIdx.x % 16;  // row hw of the tile; elements 8j..8j+7 of a K block
+    // Thread 0 requests the first stages' weights before waiting for the
+    // kernel that wrote x (as the TMA producer below); every thread counts them.
+    int early = 0;
+    if (blockIdx.x < units) {
+      const WorkUnit u = work_unit(blockIdx.x, m_blocks, n_tiles, k_blocks, args.k_splits);
+      early = min(kStages, u.kb_end - u.kb_begin);
+      if (threadIdx.x == 0)
+        for (int st = 0; st < early; ++st) {
+          mbar_arrive_expect_tx(&full[st], L::kWBytes);
+          load_weights(st, u, 0, u.kb_begin + st);
+        }
+    }
+    pdl_wait();
+    const __nv_bfloat16* x_row = args.x_bf16 + int64_t(hw) * args.x_ld + 8 * j;
+    const bool real = hw < args.m;
+    // Lane j's 8 bytes in the 128B-swizzled row hw: 16-byte chunk j / 2, half j % 2.
+    const int a_offset = hw * kRowBytes + ((j / 2) ^ (hw & 7)) * 16 + (j & 1) * 8;
+    int stage = 0, issued = 0;
+    uint32_t phase = 0;
+    for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+      const WorkUnit u = work_unit(unit, m_blocks, n_tiles, k_blocks, args.k_splits);
+      for (int kb = u.kb_begin; kb < u.kb_end; ++kb, ++issued) {
+        float v[8] = {};
+        if (real) Bf16x8::load(x_row + int64_t(kb) * kFp8Group).to_float(v);
+        if (issued >= early) {
+          mbar_wait(&empty[stage], phase ^ 1);
+          if (threadIdx.x == 0) {
+            mbar_arrive_expect_tx(&full[stage], L::kWBytes);
+            load_weights(stage, u, 0, kb);
+          }
+        }
+        const QuantizedGroupPart part = quantize_group_16lanes(v);  // the whole warp together
+        if (real) {
+          *reinterpret_cast<uint2*>(a_smem + stage * L::kABytes + a_offset) = part.q;
+          if (j == 0) scale_smem[stage * T::kBlockM + hw] = part.scale;
+        }
+        sm90::fence_proxy_async_smem();  // the wgmma reads these bytes through the async proxy
+        mbar_arrive(&full[stage]);
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    return;
+  }
   if (kGatherA && warpgroup == 0) {
     sm90::setmaxnreg_dec40();
     pdl_wait();  // the row ids and x come from earlier kernels
@@ -328,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_registers(acc);
       for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
         mbar_wait(&full[stage], phase);
-        if constexpr (kGatherA) sm90::fence_proxy_async_smem();
+        if constexpr (kProducerWrites) sm90::fence_proxy_async_smem();
         sm90::wgmma_fence();
         const uint64_t da = wgmma_desc(a_base + stage * L::kABytes);
         const uint64_t dw = wgmma_desc(w_base + stage * L::kWBytes);
@@ -396,7 +466,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         sw[0] = __ldg(w_scale_piece[0] + kb);
         sw[1] = __ldg(w_scale_piece[1] + kb);
         mbar_wait(&full[stage], phase);
-        if constexpr (kGatherA) sm90::fence_proxy_async_smem();
+        if constexpr (kProducerWrites) sm90::fence_proxy_async_smem();
         const int st = stage;
         issue(part, st);
         if (++stage == kStages) {
@@ -553,10 +623,10 @@ int sm_count() {
   return sms;
 }
 
-template <class T, Epilogue kEpi, bool kGatherA = false>
+template <class T, Epilogue kEpi, ASource kA = ASource::kTma>
 void launch_gemm(const CUtensorMap& map_a, const CUtensorMap& map_w, const CUtensorMap& map_a_scale,
                  const GemmArgs& args, int max_m_blocks, cudaStream_t stream, const char* op) {
-  auto kernel = sm90_gemm_kernel<T, kEpi, kGatherA>;
+  auto kernel = sm90_gemm_kernel<T, kEpi, kA>;
   constexpr int smem = Layout<T>::kSmemBytes;
   static const bool attribute_set = [&] {
     MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), op);
@@ -804,7 +874,7 @@ void run_bf16_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) 
     g.gather_sentinel = r.slot_count;
     g.gather_src = p.x;
     g.gather_ld = int64_t(p.hidden) * 2;
-    launch_gemm<T, Epilogue::kSiluInterleaved8, true>(unused, map_gate_up, unused, g, r.max_blocks, stream,
+    launch_gemm<T, Epilogue::kSiluInterleaved8, ASource::kGather>(unused, map_gate_up, unused, g, r.max_blocks, stream,
                                                       "sm90 moe gate_up (gathering)");
   } else {
     launch_gemm<T, Epilogue::kSiluInterleaved8>(bf16_tile_map(w.x_sorted, r.max_rows, p.hidden, T::kBlockM, "gathered x"),
@@ -826,14 +896,14 @@ void run_bf16_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) 
 }
 
 // The fp8 kernel variant for a GEMM with this K.
-template <Epilogue kEpi, bool kGatherA = false>
+template <Epilogue kEpi, ASource kA = ASource::kTma>
 void launch_fp8_gemm(const Sm90GemmVariant& v, const CUtensorMap& map_a, const CUtensorMap& map_w,
                      const CUtensorMap& map_a_scale, const GemmArgs& args, int max_m_blocks, cudaStream_t stream,
                      const char* op) {
   if (fp8_overlapped(v, args.k))
-    launch_gemm<Fp8Tiles<true>, kEpi, kGatherA>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
+    launch_gemm<Fp8Tiles<true>, kEpi, kA>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
   else
-    launch_gemm<Fp8Tiles<false>, kEpi, kGatherA>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
+    launch_gemm<Fp8Tiles<false>, kEpi, kA>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
 }
 
 void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
@@ -877,7 +947,7 @@ void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
     g.gather_ld = p.hidden;
     g.gather_scale = w.x_scale;
     g.gather_scale_ld = p.num_tokens;
-    launch_fp8_gemm<Epilogue::kSiluHalves, true>(p.variant, unused, map_gate_up, unused, g, r.max_blocks, stream,
+    launch_fp8_gemm<Epilogue::kSiluHalves, ASource::kGather>(p.variant, unused, map_gate_up, unused, g, r.max_blocks, stream,
                                                  "sm90 fp8 moe gate_up (gathering)");
   } else {
     launch_fp8_gemm<Epilogue::kSiluHalves>(p.variant, fp8_tile_map(w.x_q, r.max_rows, p.hidden, kSm90Fp8BlockM, "quantized x"),
@@ -944,6 +1014,38 @@ DenseFp8Plan plan_dense_fp8(const Sm90Fp8GemmParams& p) {
   return plan;
 }
 
+// A dense kernel variant for the plan: A (e4m3) and its scales loaded by
+// TMA, or (a_bf16) bf16 rows quantized by the producer warpgroup.
+void launch_dense_fp8(const Sm90Fp8GemmParams& p, const DenseFp8Plan& plan, GemmArgs& g, int m_blocks,
+                      cudaStream_t stream) {
+  const CUtensorMap map_w = fp8_tile_map(p.w, p.n, p.k, kPieceRows, "w");
+  if (p.a_bf16) {
+    MLA_CUDA_REQUIRE(p.m <= kQuantizeMaxRows && plan.block_m == 64,
+                     "fp8_gemm_sm90: quantizing in the GEMM takes at most " + std::to_string(kQuantizeMaxRows) +
+                         " rows and 64-row tiles (m " + std::to_string(p.m) + ")");
+    g.x_bf16 = p.a_bf16;
+    g.x_ld = p.a_bf16_ld;
+    const CUtensorMap unused{};
+    if (plan.overlap)
+      launch_gemm<Fp8Tiles<true>, Epilogue::kStore, ASource::kQuantize>(unused, map_w, unused, g, m_blocks, stream,
+                                                                        "sm90 fp8 gemm (quantizing)");
+    else
+      launch_gemm<Fp8Tiles<false>, Epilogue::kStore, ASource::kQuantize>(unused, map_w, unused, g, m_blocks, stream,
+                                                                         "sm90 fp8 gemm (quantizing)");
+    return;
+  }
+  const CUtensorMap map_a = fp8_tile_map(p.a, p.m, p.k, plan.block_m, "a");
+  const CUtensorMap map_scale = scale_map(p.a_scale, p.a_scale_ld, p.k / kFp8Group, plan.block_m);
+  if (plan.block_m == 128 && plan.overlap)
+    launch_gemm<Fp8Rows128<true>, Epilogue::kStore>(map_a, map_w, map_scale, g, m_blocks, stream, "sm90 fp8 gemm");
+  else if (plan.block_m == 128)
+    launch_gemm<Fp8Rows128<false>, Epilogue::kStore>(map_a, map_w, map_scale, g, m_blocks, stream, "sm90 fp8 gemm");
+  else if (plan.overlap)
+    launch_gemm<Fp8Tiles<true>, Epilogue::kStore>(map_a, map_w, map_scale, g, m_blocks, stream, "sm90 fp8 gemm");
+  else
+    launch_gemm<Fp8Tiles<false>, Epilogue::kStore>(map_a, map_w, map_scale, g, m_blocks, stream, "sm90 fp8 gemm");
+}
+
 void run_fp8_gemm(const Sm90Fp8GemmParams& p, cudaStream_t stream) {
   const DenseFp8Plan plan = plan_dense_fp8(p);
   MLA_CUDA_REQUIRE(plan.workspace_bytes == 0 || p.workspace,
@@ -959,18 +1061,7 @@ void run_fp8_gemm(const Sm90Fp8GemmParams& p, cudaStream_t stream) {
   g.out_ld = p.n;
   g.k_splits = plan.k_splits;
   g.partials = plan.k_splits > 1 ? static_cast<float*>(p.workspace) : nullptr;
-  const CUtensorMap map_w = fp8_tile_map(p.w, p.n, p.k, kPieceRows, "w");
-  const int m_blocks = (p.m + plan.block_m - 1) / plan.block_m;
-  const CUtensorMap map_a = fp8_tile_map(p.a, p.m, p.k, plan.block_m, "a");
-  const CUtensorMap map_scale = scale_map(p.a_scale, p.a_scale_ld, p.k / kFp8Group, plan.block_m);
-  if (plan.block_m == 128 && plan.overlap)
-    launch_gemm<Fp8Rows128<true>, Epilogue::kStore>(map_a, map_w, map_scale, g, m_blocks, stream, "sm90 fp8 gemm");
-  else if (plan.block_m == 128)
-    launch_gemm<Fp8Rows128<false>, Epilogue::kStore>(map_a, map_w, map_scale, g, m_blocks, stream, "sm90 fp8 gemm");
-  else if (plan.overlap)
-    launch_gemm<Fp8Tiles<true>, Epilogue::kStore>(map_a, map_w, map_scale, g, m_blocks, stream, "sm90 fp8 gemm");
-  else
-    launch_gemm<Fp8Tiles<false>, Epilogue::kStore>(map_a, map_w, map_scale, g, m_blocks, stream, "sm90 fp8 gemm");
+  launch_dense_fp8(p, plan, g, (p.m + plan.block_m - 1) / plan.block_m, stream);
   if (g.partials) {
     const int64_t count = int64_t(p.m) * p.n;
     const int blocks = int(std::min<int64_t>((count / 4 + 255) / 256, 4 * sm_count()));
@@ -1029,9 +1120,11 @@ size_t fp8_gemm_sm90_workspace_bytes(const Sm90Fp8GemmParams& p) {
 }
 
 void fp8_gemm_sm90(const Sm90Fp8GemmParams& p, cudaStream_t stream) {
-  MLA_CUDA_REQUIRE(p.m >= 0 && p.n > 0 && p.n % 8 == 0 && p.k > 0 && p.k % kFp8Group == 0 && p.a_scale_ld % 4 == 0 &&
-                       p.a_scale_ld >= p.m,
-                   "fp8_gemm_sm90: needs n % 8 == 0, k % 128 == 0 and a_scale_ld >= m a multiple of 4 (m " +
+  const bool scales_fit = p.a_bf16 ? p.a_bf16_ld >= p.k && p.a_bf16_ld % 8 == 0
+                                    : p.a_scale_ld % 4 == 0 && p.a_scale_ld >= p.m;
+  MLA_CUDA_REQUIRE(p.m >= 0 && p.n > 0 && p.n % 8 == 0 && p.k > 0 && p.k % kFp8Group == 0 && scales_fit,
+                   "fp8_gemm_sm90: needs n % 8 == 0, k % 128 == 0 and a_scale_ld >= m a multiple of 4 (bf16 a: "
+                   "rows of at least k, 16-byte aligned) (m " +
                        std::to_string(p.m) + ", n " + std::to_string(p.n) + ", k " + std::to_string(p.k) + ")");
   MLA_CUDA_REQUIRE(sm90_gemm_supported(), "fp8_gemm_sm90: needs a compute capability 9.0 (Hopper) GPU");
   if (p.m == 0) return;

@@ -93,6 +93,7 @@ void fp8_moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t 
 // stream from every SM; M = 1 works (the TMA zero-fills the tile's missing
 // rows). Launched with PDL: the first weight tiles load while the kernel
 // that wrote a is still finishing.
+constexpr int kSm90QuantizeMaxRows = 8;
 struct Sm90Fp8GemmParams {
   const uint8_t* a = nullptr;
   const float* a_scale = nullptr;
@@ -100,6 +101,11 @@ struct Sm90Fp8GemmParams {
   const uint8_t* w = nullptr;
   const float* w_scale = nullptr;
   __nv_bfloat16* out = nullptr;
+  // Or, for at most kSm90QuantizeMaxRows rows: bf16 a {M, K} (rows a_bf16_ld
+  // apart), quantized 1x128 inside the GEMM exactly as fp8_quant.h does, so
+  // a decode linear runs no quantization kernel; a and a_scale are unused.
+  const __nv_bfloat16* a_bf16 = nullptr;
+  int64_t a_bf16_ld = 0;
   int m = 0, n = 0, k = 0;
   void* workspace = nullptr;  // fp8_gemm_sm90_workspace_bytes(): the split-K partial sums
   Sm90GemmVariant variant;
