@@ -264,11 +264,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int a_offset = hw * kRowBytes + ((j / 2) ^ (hw & 7)) * 16 + (j & 1) * 8;
     int stage = 0, issued = 0;
     uint32_t phase = 0;
+    // x comes from L2 one K block at a time; two blocks' loads stay in
+    // flight so their latency does not pace the stages.
+    auto load_x = [&](int kb, int kb_end) {
+      Bf16x8 r;
+      *reinterpret_cast<uint4*>(&r) = make_uint4(0, 0, 0, 0);
+      if (real && kb < kb_end) r = Bf16x8::load(x_row + int64_t(kb) * kFp8Group);
+      return r;
+    };
     for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
       const WorkUnit u = work_unit(unit, m_blocks, n_tiles, k_blocks, args.k_splits);
+      Bf16x8 x_cur = load_x(u.kb_begin, u.kb_end), x_next = load_x(u.kb_begin + 1, u.kb_end);
       for (int kb = u.kb_begin; kb < u.kb_end; ++kb, ++issued) {
-        float v[8] = {};
-        if (real) Bf16x8::load(x_row + int64_t(kb) * kFp8Group).to_float(v);
+        float v[8];
+        x_cur.to_float(v);
+        x_cur = x_next;
+        x_next = load_x(kb + 2, u.kb_end);
         if (issued >= early) {
           mbar_wait(&empty[stage], phase ^ 1);
           if (threadIdx.x == 0) {
@@ -280,8 +291,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (real) {
           *reinterpret_cast<uint2*>(a_smem + stage * L::kABytes + a_offset) = part.q;
           if (j == 0) scale_smem[stage * T::kBlockM + hw] = part.scale;
+          sm90::fence_proxy_async_smem();  // the wgmma reads these bytes through the async proxy
         }
-        sm90::fence_proxy_async_smem();  // the wgmma reads these bytes through the async proxy
         mbar_arrive(&full[stage]);
         if (++stage == kStages) {
           stage = 0;
