@@ -13,10 +13,8 @@
 // Activations stay bf16 (x) / f32 (sums) on both stacks: FP8 weights are
 // dequantized in registers (16 values and one 128x128 block scale a chunk).
 //
-// Both kernels are programmatic dependents (pdl.cuh). gate_up launches
-// during the selection's tail and waits before reading the routing; it lets
-// down launch only after that wait, so down reads the (finished) routing
-// and its first weight rows during gate_up, and waits only before act.
+// Both kernels are programmatic dependents (pdl.cuh): each launches during
+// the previous kernel's tail and waits before reading the routing.
 // NOTES: decode is bound by streaming expert weights, so every lane keeps 16
 // 16-byte weight loads in flight (ld.global.nc.L1::no_allocate: read once,
 // kept out of L1, where x and act, which every warp re-reads, stay), and the
@@ -177,11 +175,7 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
   constexpr int kE = Stacks::kElems, kUnroll = 8 / kCols;
   __shared__ int s_slot[kMaxTok];
   __shared__ int s_n;
-  // The routing and x come from earlier kernels. The down kernel may launch
-  // only once every block is past this wait, so it can read the routing
-  // before its own wait.
-  pdl_wait();
-  pdl_launch_dependents();
+  pdl_enter();  // the routing and x come from earlier kernels
   if (blockIdx.x == 0 && blockIdx.y == 0)
     for (int i = threadIdx.x; i < a.down_tiles; i += blockDim.x) a.tile_arrivals[i] = 0;
   const int slot0 = blockIdx.y, per_token = a.slots.per_token(), total = a.num_tokens * per_token;
@@ -266,35 +260,16 @@ __global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(Sm
   __shared__ int s_slot[kMaxTok];
   __shared__ int s_n;
   __shared__ bool s_last;
-  // The routing is complete before this kernel launches (the gate_up kernel
-  // triggers it only after its own wait): the slots and the first round of
-  // weight rows are fetched while gate_up still runs; act needs the wait.
+  pdl_enter();  // act comes from the gate_up kernel
   const int slot0 = blockIdx.y, per_token = a.slots.per_token(), T = a.num_tokens, total = T * per_token;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int D = a.hidden, I = a.inter, chunks = I / kE;
   const int d0 = blockIdx.x * kTileRows, r0 = d0 + warp * kRowsPerWarp;
   gather_expert_slots<kMaxTok>(a.slots, slot0, total, s_slot, &s_n);
   const int n = s_n;
-  const bool active = n > 0 && r0 < D;
-  const int expert = a.slots.expert(slot0);
-  const uint8_t* row[kRowsPerWarp];
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) row[r] = a.w.down_row(expert, min(r0 + r, D - 1), I, D);
-  uint4 wv[kRowsPerWarp][kUnroll];
-  auto load_round = [&](int k0) {
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int kc = k0 + u * 32 + lane;
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r)
-        wv[r][u] = kc < chunks ? load_weights_16(row[r] + int64_t(kc) * 16) : make_uint4(0, 0, 0, 0);
-    }
-  };
-  if (active) load_round(0);
-  pdl_wait();
-  pdl_launch_dependents();
 
-  if (active) {
+  if (n > 0 && r0 < D) {
+    const int expert = a.slots.expert(slot0);
     int slot[kMaxTok];
     float weight[kMaxTok];
 #pragma unroll
@@ -302,9 +277,19 @@ __global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(Sm
       slot[t] = t < n ? s_slot[t] : slot0;
       weight[t] = a.slots.weight(slot[t]);
     }
+    const uint8_t* row[kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) row[r] = a.w.down_row(expert, min(r0 + r, D - 1), I, D);
     float acc[kRowsPerWarp][kMaxTok] = {};
     for (int k0 = 0; k0 < chunks; k0 += 32 * kUnroll) {
-      if (k0 > 0) load_round(k0);
+      uint4 wv[kRowsPerWarp][kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int kc = k0 + u * 32 + lane;
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r)
+          wv[r][u] = kc < chunks ? load_weights_16(row[r] + int64_t(kc) * 16) : make_uint4(0, 0, 0, 0);
+      }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int kc = k0 + u * 32 + lane;
