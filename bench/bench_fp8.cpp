@@ -30,6 +30,7 @@
 #include "kernels/cuda/fp8_moe.h"
 #include "kernels/cuda/fp8_quant.h"
 #include "kernels/cuda/fp8_random_fill.h"
+#include "kernels/cuda/grouped_gemm_sm90.h"
 #include "kernels/cuda/random_fill.h"
 
 namespace mlaserve::cuda {
@@ -157,6 +158,35 @@ const std::vector<std::pair<int64_t, int64_t>> kV3Shapes = {
 void dense_args(benchmark::internal::Benchmark* b) {
   for (int64_t m : {1, 64, 128, 4096})
     for (auto [n, k] : kV3Shapes) b->Args({m, n, k});
+}
+
+// The sm90 kernel's split-K choice at decode rows: {m, n, k, splits}, splits
+// 0 = the plan's own; graph-replayed over weight copies like the linears.
+void BM_Fp8Sm90Splits(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const int64_t copies = std::clamp<int64_t>((int64_t(256) << 20) / (n * k) + 1, 2, 64);
+  const int64_t scale_count = ((n + 127) / 128) * (k / 128);
+  DeviceFp8Weight w(copies, n, k, 7);
+  DeviceFp8Act x(m, k, 9);
+  DeviceBuffer out(size_t(m) * n * 2);
+  Sm90Fp8GemmParams p;
+  p.a = x.q.get<uint8_t>();
+  p.a_scale = x.scale.get<float>();
+  p.a_scale_ld = x.ld;
+  p.out = out.get<__nv_bfloat16>();
+  p.m = int(m);
+  p.n = int(n);
+  p.k = int(k);
+  p.variant.fp8_k_splits = int(state.range(3));
+  DeviceBuffer workspace(fp8_gemm_sm90_workspace_bytes(p));
+  p.workspace = workspace.get();
+  const double s = run_timed_graph(state, int(std::max<int64_t>(copies, 16)), [&](cudaStream_t stream, int i) {
+    p.w = w.q.get<uint8_t>() + (i % copies) * n * k;
+    p.w_scale = w.scale.get<float>() + (i % copies) * scale_count;
+    fp8_gemm_sm90(p, stream);
+  });
+  const double weight_bytes = double(n) * k;
+  report(state, s, weight_bytes + double(m) * k + double(m) * n * 2, weight_bytes, 2.0 * m * n * k);
 }
 
 // ---- fused MoE ---------------------------------------------------------------
@@ -312,6 +342,14 @@ BENCHMARK(BM_Fp8LinearBf16Input)
     ->Apply([](benchmark::internal::Benchmark* b) {
       for (int64_t m : {1, 8})
         for (auto [n, k] : kV3Shapes) b->Args({m, n, k});
+    })
+    ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+BENCHMARK(BM_Fp8Sm90Splits)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      const int64_t shapes[][3] = {{1, 24576, 1536}, {1, 7168, 16384}, {1, 2112, 7168}, {1, 4096, 7168},
+                                   {1, 7168, 18432}, {64, 7168, 16384}, {64, 36864, 7168}, {64, 24576, 1536}};
+      for (const auto& s : shapes)
+        for (int64_t splits : {0, 1, 2, 4, 8, 16}) b->Args({s[0], s[1], s[2], splits});
     })
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
 BENCHMARK(BM_Fp8LinearSm90)

@@ -194,6 +194,8 @@ void BM_Sm90Fp8Gemm(benchmark::State& state) {
   p.n = n;
   p.k = k;
   p.variant = variant;
+  DeviceBuffer workspace(fp8_gemm_sm90_workspace_bytes(p));
+  p.workspace = workspace.get();
   const double s = run_timed(state, [&] { fp8_gemm_sm90(p, nullptr); });
   report(state, s, 2.0 * m * n * k, kFp8PeakTflops);
 }
