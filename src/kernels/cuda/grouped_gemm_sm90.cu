@@ -995,30 +995,28 @@ struct DenseFp8Plan {
   size_t workspace_bytes = 0;
 };
 
-// NOTES: decode-sized M leaves a few dozen output tiles for 132 SMs; the
-// weights stream at the copy rate only if every SM has work, so K is split
-// into units, choosing the split count that minimizes the busiest SM's K
-// blocks (+ half a block a unit for its turn-around) plus the f32 partials'
-// traffic (written once, read once by the sum), in weight-tile loads.
+// NOTES: decode-sized M leaves a few dozen output tiles for 132 SMs, and
+// one SM streams at most ~60 GB/s, so K is split until the units fill the
+// SMs, one unit each: floor(SMs / tiles) splits, but at least
+// kMinKBlocksPerSplit K blocks a unit. Measured (H200, BM_Fp8Sm90Splits,
+// M = 1): o_proj {7168, 16384} 55.9 / 35.3 / 32.0 / 35.2 us at 1 / 2 / 4 / 8
+// splits; q_b {24576, 1536} (96 tiles) 12.1 / 13.0 / 14.5 at 1 / 2 / 4;
+// fused q_a + kv_a {2112, 7168} 10.0 / 8.75 / 10.6 at 4 / 8 / 16. A second
+// unit per SM costs more than it balances: shorter K runs per weight row,
+// another turn-around, more partials.
+constexpr int kMinKBlocksPerSplit = 6;
+
 DenseFp8Plan plan_dense_fp8(const Sm90Fp8GemmParams& p) {
   DenseFp8Plan plan;
   plan.block_m = p.variant.fp8_block_m ? p.variant.fp8_block_m : (p.m <= 64 ? 64 : 128);
   MLA_CUDA_REQUIRE(plan.block_m == 64 || plan.block_m == 128, "fp8_gemm_sm90: fp8_block_m must be 64 or 128");
   const int block_n = plan.block_m == 64 ? 256 : 128, k_blocks = p.k / kFp8Group;
   const int64_t tiles = int64_t((p.m + plan.block_m - 1) / plan.block_m) * ((p.n + block_n - 1) / block_n);
-  const int64_t sms = sm_count();
-  const double tile_load_bytes = double(block_n) * kFp8Group;
-  auto cost = [&](int splits) {
-    const int64_t waves = (tiles * splits + sms - 1) / sms;
-    const double per_unit = (k_blocks + splits - 1) / splits + 0.5;
-    const double partials = splits > 1 ? 2.0 * splits * p.m * p.n * 4 / (tile_load_bytes * sms) : 0.0;
-    return double(waves) * per_unit + partials;
-  };
   if (p.variant.fp8_k_splits > 0) {
     plan.k_splits = std::min(p.variant.fp8_k_splits, k_blocks);
   } else {
-    for (int splits = 2; splits <= std::min(k_blocks, 64); ++splits)
-      if (cost(splits) < cost(plan.k_splits)) plan.k_splits = splits;
+    const int64_t fill = sm_count() / tiles, longest = std::max(1, k_blocks / kMinKBlocksPerSplit);
+    plan.k_splits = int(std::clamp<int64_t>(fill, 1, longest));
   }
   plan.overlap = plan.k_splits == 1 && fp8_overlapped(p.variant, p.k);
   if (plan.k_splits > 1) plan.workspace_bytes = size_t(plan.k_splits) * p.m * p.n * sizeof(float);
