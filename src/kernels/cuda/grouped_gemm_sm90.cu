@@ -995,16 +995,28 @@ struct DenseFp8Plan {
   size_t workspace_bytes = 0;
 };
 
-// NOTES: decode-sized M leaves a few dozen output tiles for 132 SMs, and
-// one SM streams at most ~60 GB/s, so K is split until the units fill the
-// SMs, one unit each: floor(SMs / tiles) splits, but at least
-// kMinKBlocksPerSplit K blocks a unit. Measured (H200, BM_Fp8Sm90Splits,
-// M = 1): o_proj {7168, 16384} 55.9 / 35.3 / 32.0 / 35.2 us at 1 / 2 / 4 / 8
-// splits; q_b {24576, 1536} (96 tiles) 12.1 / 13.0 / 14.5 at 1 / 2 / 4;
-// fused q_a + kv_a {2112, 7168} 10.0 / 8.75 / 10.6 at 4 / 8 / 16. A second
-// unit per SM costs more than it balances: shorter K runs per weight row,
-// another turn-around, more partials.
-constexpr int kMinKBlocksPerSplit = 6;
+// NOTES: decode-sized M leaves a few dozen output tiles for 132 SMs, so K
+// is split into more work units. The plan takes the split count of least
+// estimated time, in K blocks of one weight tile at an SM's fair share of
+// the bandwidth: full waves of units at that share; a last partial wave of
+// r units runs faster, each SM streaming up to twice its share (~60 GB/s:
+// 28 SMs read o_proj in 56 us, 56 in 35); one block's turn-around a unit an
+// SM; and the f32 partials (written and read once, weighted twice: stored 8
+// bytes a thread). It ranks every measured case (H200, BM_Fp8Sm90Splits,
+// device runs 7-8) as measured, e.g. one token: o_proj {7168, 16384} 55.9 /
+// 35.3 / 32.0 / 35.2 us at 1 / 2 / 4 / 8 splits, q_b {24576, 1536} 12.1 /
+// 13.0 / 14.5 at 1 / 2 / 4, dense gate_up {36864, 7168} 80.4 at 1 against
+// 70.3 at 8; 64 tokens: dense gate_up 87.8 / 93.2 / 98.4 at 1 / 2 / 4.
+double dense_fp8_cost(int64_t tiles, int k_blocks, int splits, int64_t m, int64_t n, int64_t sms,
+                      double tile_load_bytes) {
+  const int64_t units = tiles * splits, waves = units / sms, rest = units % sms;
+  const double unit_blocks = double((k_blocks + splits - 1) / splits);
+  double t = double(waves) * unit_blocks;
+  if (rest > 0) t += unit_blocks / std::min(2.0, double(sms) / double(rest));
+  t += double((units + sms - 1) / sms);
+  if (splits > 1) t += 2.0 * (2.0 * splits * m * n * 4) / (tile_load_bytes * double(sms));
+  return t;
+}
 
 DenseFp8Plan plan_dense_fp8(const Sm90Fp8GemmParams& p) {
   DenseFp8Plan plan;
@@ -1015,8 +1027,16 @@ DenseFp8Plan plan_dense_fp8(const Sm90Fp8GemmParams& p) {
   if (p.variant.fp8_k_splits > 0) {
     plan.k_splits = std::min(p.variant.fp8_k_splits, k_blocks);
   } else {
-    const int64_t fill = sm_count() / tiles, longest = std::max(1, k_blocks / kMinKBlocksPerSplit);
-    plan.k_splits = int(std::clamp<int64_t>(fill, 1, longest));
+    const int64_t sms = sm_count();
+    const double tile_load_bytes = double(block_n) * kFp8Group;
+    double best = dense_fp8_cost(tiles, k_blocks, 1, p.m, p.n, sms, tile_load_bytes);
+    for (int splits = 2; splits <= std::min(k_blocks, 64); ++splits) {
+      const double cost = dense_fp8_cost(tiles, k_blocks, splits, p.m, p.n, sms, tile_load_bytes);
+      if (cost < best) {
+        best = cost;
+        plan.k_splits = splits;
+      }
+    }
   }
   plan.overlap = plan.k_splits == 1 && fp8_overlapped(p.variant, p.k);
   if (plan.k_splits > 1) plan.workspace_bytes = size_t(plan.k_splits) * p.m * p.n * sizeof(float);
