@@ -85,8 +85,6 @@ INSTANTIATE_TEST_SUITE_P(
                       BmmShape{"wuv_v2l", 5, 16, 512, 512, 128, 128, true},
                       BmmShape{"wuk_v3", 8, 128, 192, 128, 512, 576, false},
                       BmmShape{"wuv_v3", 8, 128, 512, 512, 128, 128, true},
-                      BmmShape{"wuk_v3", 1, 128, 192, 128, 512, 576, false},  // decode bs 1: smallest shared memory
-                      BmmShape{"wuv_v3", 1, 128, 512, 512, 128, 128, true},
                       BmmShape{"ragged", 2, 3, 40, 24, 72, 80, false},  // N not a multiple of 64, K of 32
                       BmmShape{"ragged", 7, 3, 40, 24, 40, 41, true},   // K < 256, odd output rows
                       BmmShape{"odd", 2, 2, 20, 16, 12, 12, false},      // N % 8 != 0: cuBLASLt

@@ -20,14 +20,11 @@ struct Args {
   int64_t x_stride, out_stride;  // per head
 };
 
-// Shared memory is sized by the call's tokens (dynamic), not the maximum:
-// at 1 token a block needs ~2.5 KB instead of 32, so every block of a
-// 128-head layer is resident in one wave.
-// x[:, h, :K] as f32 into xs[t * K + k] (after pdl_wait: x is the previous kernel's output).
-__device__ __forceinline__ void stage_x(const Args& a, int h, float* xs) {
+// x[:, h, :K] as f32 into xs (after pdl_wait: x is the previous kernel's output).
+__device__ __forceinline__ void stage_x(const Args& a, int h, float (*xs)[kHeadBmmSmallMaxK]) {
   for (int i = threadIdx.x; i < a.tokens * a.k; i += kThreads) {
     const int t = i / a.k, kk = i % a.k;
-    xs[i] = __bfloat162float(a.x[(int64_t(t) * a.heads + h) * a.x_stride + kk]);
+    xs[t][kk] = __bfloat162float(a.x[(int64_t(t) * a.heads + h) * a.x_stride + kk]);
   }
   __syncthreads();
 }
@@ -39,16 +36,10 @@ constexpr int kColsPerBlock = 64;
 constexpr int kKLanes = kThreads / (kColsPerBlock / 8);  // 32
 constexpr int kPrefetchRows = 4;
 
-// Dynamic shared memory: xs {tokens, K}, then partial {warps, tokens, kColsPerBlock}.
-size_t kn_smem_bytes(int tokens, int k) {
-  return sizeof(float) * tokens * (size_t(k) + (kThreads / 32) * kColsPerBlock);
-}
-
 __global__ void __launch_bounds__(kThreads) head_bmm_kn_kernel(Args a) {
   pdl_launch_dependents();
-  extern __shared__ float smem[];
-  float* xs = smem;
-  float* partial = smem + a.tokens * a.k;  // [warp][token][column]
+  __shared__ float xs[kMaxT][kHeadBmmSmallMaxK];
+  __shared__ float partial[kThreads / 32][kMaxT][kColsPerBlock];
   const int h = blockIdx.y, cg = threadIdx.x % 8, kl = threadIdx.x / 8;
   const int col0 = blockIdx.x * kColsPerBlock + cg * 8;
   const bool active = col0 < a.n;
@@ -72,7 +63,7 @@ __global__ void __launch_bounds__(kThreads) head_bmm_kn_kernel(Args a) {
 #pragma unroll
       for (int r = 0; r < kMaxT; ++r) {
         if (r < a.tokens) {
-          const float xv = xs[r * a.k + kk];
+          const float xv = xs[r][kk];
 #pragma unroll
           for (int j = 0; j < 8; ++j) acc[r][j] += wv[j] * xv;
         }
@@ -89,7 +80,7 @@ __global__ void __launch_bounds__(kThreads) head_bmm_kn_kernel(Args a) {
         float v = acc[r][j];
         v += __shfl_xor_sync(0xffffffffu, v, 8);
         v += __shfl_xor_sync(0xffffffffu, v, 16);
-        if (lane < 8) partial[(warp * a.tokens + r) * kColsPerBlock + cg * 8 + j] = v;
+        if (lane < 8) partial[warp][r][cg * 8 + j] = v;
       }
     }
   }
@@ -100,61 +91,52 @@ __global__ void __launch_bounds__(kThreads) head_bmm_kn_kernel(Args a) {
     if (col >= a.n) continue;
     float v = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) v += partial[(w * a.tokens + r) * kColsPerBlock + c];
+    for (int w = 0; w < kThreads / 32; ++w) v += partial[w][r][c];
     a.out[(int64_t(r) * a.heads + h) * a.out_stride + col] = __float2bfloat16(v);
   }
 }
 
-// w {H, N, K}: a warp owns kColsPerWarp output columns n (contiguous weight
-// rows of K), a block kColsPerBlockNk consecutive columns of one head; K <=
-// 512 is at most two 16-byte loads a lane a row, all issued before pdl_wait
-// (8 loads a lane in flight).
-constexpr int kColsPerWarp = 4;
-constexpr int kColsPerBlockNk = kThreads / 32 * kColsPerWarp;
+// w {H, N, K}: one warp per output column n (a contiguous weight row of K),
+// eight consecutive columns of one head a block; K <= 512 is at most two
+// 16-byte loads a lane, both issued before pdl_wait.
+constexpr int kRowsPerBlock = kThreads / 32;
 constexpr int kStep = 32 * 8;
 
 __global__ void __launch_bounds__(kThreads) head_bmm_nk_kernel(Args a) {
   pdl_launch_dependents();
-  extern __shared__ float xs[];  // {tokens, K}
+  __shared__ float xs[kMaxT][kHeadBmmSmallMaxK];
   const int h = blockIdx.y, lane = threadIdx.x % 32;
-  const int col0 = blockIdx.x * kColsPerBlockNk + (threadIdx.x / 32) * kColsPerWarp;
+  const int col = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
+  const bool active = col < a.n;
+  const __nv_bfloat16* wr = a.w + (int64_t(h) * a.n + (active ? col : 0)) * a.k;
   constexpr int kLoads = kHeadBmmSmallMaxK / kStep;
-  Bf16x8 wv8[kColsPerWarp][kLoads];
+  Bf16x8 wv8[kLoads];
 #pragma unroll
-  for (int c = 0; c < kColsPerWarp; ++c) {
-    const int col = col0 + c;
-    const __nv_bfloat16* wr = a.w + (int64_t(h) * a.n + col) * a.k;
-#pragma unroll
-    for (int u = 0; u < kLoads; ++u)
-      if (col < a.n && u * kStep + lane * 8 < a.k) wv8[c][u] = Bf16x8::load(wr + u * kStep + lane * 8);
-  }
+  for (int u = 0; u < kLoads; ++u)
+    if (active && u * kStep + lane * 8 < a.k) wv8[u] = Bf16x8::load(wr + u * kStep + lane * 8);
   pdl_wait();
   stage_x(a, h, xs);
+  if (!active) return;
+  float acc[kMaxT] = {};
 #pragma unroll
-  for (int c = 0; c < kColsPerWarp; ++c) {
-    const int col = col0 + c;
-    if (col >= a.n) break;
-    float acc[kMaxT] = {};
-#pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      const int kk = u * kStep + lane * 8;
-      if (kk >= a.k) continue;
-      float wv[8];
-      wv8[c][u].to_float(wv);
-#pragma unroll
-      for (int r = 0; r < kMaxT; ++r) {
-        if (r < a.tokens) {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) acc[r] += wv[j] * xs[r * a.k + kk + j];
-        }
-      }
-    }
+  for (int u = 0; u < kLoads; ++u) {
+    const int kk = u * kStep + lane * 8;
+    if (kk >= a.k) continue;
+    float wv[8];
+    wv8[u].to_float(wv);
 #pragma unroll
     for (int r = 0; r < kMaxT; ++r) {
       if (r < a.tokens) {
-        const float v = warp_sum(acc[r]);
-        if (lane == 0) a.out[(int64_t(r) * a.heads + h) * a.out_stride + col] = __float2bfloat16(v);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[r] += wv[j] * xs[r][kk + j];
       }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kMaxT; ++r) {
+    if (r < a.tokens) {
+      const float v = warp_sum(acc[r]);
+      if (lane == 0) a.out[(int64_t(r) * a.heads + h) * a.out_stride + col] = __float2bfloat16(v);
     }
   }
 }
@@ -176,11 +158,11 @@ void head_bmm_small(const __nv_bfloat16* x, const __nv_bfloat16* w, bool transpo
   if (heads == 0) return;
   const Args a{x, w, out, int(tokens), int(heads), int(k), int(n), x_head_stride, out_head_stride};
   if (transpose_w) {
-    const dim3 grid(unsigned((n + kColsPerBlockNk - 1) / kColsPerBlockNk), unsigned(heads));
-    launch_dependent(head_bmm_nk_kernel, grid, kThreads, sizeof(float) * tokens * k, stream, a);
+    const dim3 grid(unsigned((n + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(heads));
+    launch_dependent(head_bmm_nk_kernel, grid, kThreads, 0, stream, a);
   } else {
     const dim3 grid(unsigned((n + kColsPerBlock - 1) / kColsPerBlock), unsigned(heads));
-    launch_dependent(head_bmm_kn_kernel, grid, kThreads, kn_smem_bytes(int(tokens), int(k)), stream, a);
+    launch_dependent(head_bmm_kn_kernel, grid, kThreads, 0, stream, a);
   }
   check_launch("head_bmm_small");
 }
