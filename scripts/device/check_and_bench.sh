@@ -3,14 +3,17 @@
 # .device-cuda carried (see pack.sh): device facts, the GPU tests, a
 # compute-sanitizer pass over them, and the kernel benchmarks. Logs go to
 # $OUT; the last lines printed are the summary.
-# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|grouped|fp8|model|nopdl|ncu|ncudetail|engine|v3fp8|peer]...
+# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|grouped|fp8|model|nopdl|ncu|ncudetail|engine|v3fp8|ncuv3|peer]...
 # (default: tests sanitize bench model peer). nopdl repeats the model's decode
 # with programmatic dependent launch off (MLASERVE_PDL=0), to show what it buys;
 # ncu times every kernel of a few decode steps of a 4-layer v2-lite with
 # Nsight Compute, and ncudetail shows stall reasons for the kernels
 # NCU_KERNELS names. model makes a random v2-lite
 # checkpoint in $CKPT (default /tmp/v2lite) and runs bench_model_cuda on it;
-# peer runs transformers on the same checkpoint.
+# peer runs transformers on the same checkpoint. engine needs `assets` carried
+# too (the tokenizer of the golden models). v2-lite (31 GB) and v3-slice
+# (38 GB) do not fit the 64 GB disk together: making one removes the other.
+# ncuv3 times every kernel of a v3-slice FP8 decode step at bs 1.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}
@@ -22,6 +25,16 @@ steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests sanitize bench model peer)
 CKPT=${CKPT:-/tmp/v2lite}
 summary=()
+V3=${V3CKPT:-/tmp/v3slice}
+
+# Frees the disk for a checkpoint about to be made in $1 by removing the
+# other preset's (they do not fit together).
+make_room_for() {
+  [ -e "$1/config.json" ] && return
+  for other in "$CKPT" "$V3"; do
+    [ "$other" != "$1" ] && rm -rf "$other"
+  done
+}
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/device.txt"
 echo "commit: ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}  date: $(date -u +%F)" | tee -a "$OUT/device.txt"
@@ -60,6 +73,7 @@ for step in "${steps[@]}"; do
       fi
       ;;
     model)
+      make_room_for "$CKPT"
       "$dir/bench_model_cuda" --dir "$CKPT" ${MODEL_ARGS:-} 2>&1 | tee "$OUT/model.log"
       summary+=("model bench: rc=${PIPESTATUS[0]}")
       ;;
@@ -98,7 +112,7 @@ for step in "${steps[@]}"; do
       # Issue 6 end to end: v3-slice (V3 width, 1 dense + 3 MoE layers) in
       # block-FP8 with FP8-resident weights, then fp8 vs bf16 latent cache at
       # batch 64 (context ${V3_KV_INPUT:-8192}).
-      V3=${V3CKPT:-/tmp/v3slice}
+      make_room_for "$V3"
       "$dir/bench_model_cuda" --dir "$V3" --preset v3-slice --dtype fp8 --batches 1,64 \
         --output ${V3_OUTPUT:-32} 2>&1 | tee "$OUT/v3fp8.log"
       summary+=("v3-slice fp8 bench: rc=${PIPESTATUS[0]}")
@@ -107,6 +121,16 @@ for step in "${steps[@]}"; do
           --input ${V3_KV_INPUT:-8192} --output 16 --kv-cache-dtype $kv 2>&1 | tee "$OUT/v3kv_$kv.log"
         summary+=("v3-slice kv $kv: rc=${PIPESTATUS[0]}")
       done
+      ;;
+    ncuv3)
+      make_room_for "$V3"
+      "$dir/bench_model_cuda" --dir "$V3" --preset v3-slice --dtype fp8 --batches 1 --prefill 0 --output 1 \
+        > "$OUT/ncu_v3_make.log" 2>&1
+      ncu=$(command -v ncu || find /opt/nvidia /usr/local -name ncu -type f 2>/dev/null | head -1)
+      "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+        "$dir/bench_model_cuda" --dir "$V3" --preset v3-slice --dtype fp8 --prefill 0 --batches 1 --output 3 \
+        > "$OUT/ncu_v3.csv" 2> "$OUT/ncu_v3.err"
+      summary+=("ncu v3-slice: rc=$?, $(grep -c gpu__time_duration "$OUT/ncu_v3.csv") kernels")
       ;;
     peer)
       PYTHONUNBUFFERED=1 python3 scripts/device/hf_peer.py "$CKPT" ${PEER_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/peer.log"
