@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      // The TMA thread's arrival, plus every producer thread's cp.async arrival when gathering.
+      // The TMA thread's arrival, plus every producer thread's when they write A (gather: cp.async; quantize).
       sm90::mbar_init(&full[s], kProducerWrites ? 1 + 128 : 1);
       sm90::mbar_init(&empty[s], 2 * 128);  // every consumer thread releases
     }
