@@ -95,7 +95,7 @@ struct GemmArgs {
   int w_scale_rows = 0;
   __nv_bfloat16* out = nullptr;
   int64_t out_ld = 0;
-  // ASource::kQuantize: A is bf16 rows x_bf16 + row * x_ld (m <= kQuantizeMaxRows).
+  // ASource::kQuantize: A is bf16 rows x_bf16 + row * x_ld (m <= kSm90QuantizeMaxRows).
   const __nv_bfloat16* x_bf16 = nullptr;
   int64_t x_ld = 0;
   // Gathering kernels (ASource::kGather) read A row m from row gather_ids[m] /
@@ -182,12 +182,11 @@ __device__ __forceinline__ uint4 quad_transpose(uint32_t w0, uint32_t w1, uint32
 //  - kGather: the producer warpgroup copies the A rows itself (cp.async into
 //    the swizzled layout, 16 bytes a thread, a warp covering 4 whole rows),
 //    so the MoE needs no expert-ordered copy of x; weights still come by TMA;
-//  - kQuantize (fp8, at most kQuantizeMaxRows rows): the producer warpgroup
+//  - kQuantize (fp8, at most kSm90QuantizeMaxRows rows, one a half-warp): the producer warpgroup
 //    reads bf16 rows and quantizes them 1x128 as fp8_quant.h does, each
 //    half-warp one row's 128-wide group of the K block, so a decode linear
 //    needs no quantization kernel before it.
 enum class ASource { kTma, kGather, kQuantize };
-constexpr int kQuantizeMaxRows = kSm90QuantizeMaxRows;  // one row a half-warp of the producer warpgroup
 
 template <class T, Epilogue kEpi, ASource kA>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -1049,8 +1048,9 @@ void launch_dense_fp8(const Sm90Fp8GemmParams& p, const DenseFp8Plan& plan, Gemm
                       cudaStream_t stream) {
   const CUtensorMap map_w = fp8_tile_map(p.w, p.n, p.k, kPieceRows, "w");
   if (p.a_bf16) {
-    MLA_CUDA_REQUIRE(p.m <= kQuantizeMaxRows && plan.block_m == 64,
-                     "fp8_gemm_sm90: quantizing in the GEMM takes at most " + std::to_string(kQuantizeMaxRows) +
+    MLA_CUDA_REQUIRE(p.m <= kSm90QuantizeMaxRows && plan.block_m == 64,
+                     "fp8_gemm_sm90: quantizing in the GEMM takes at most " +
+                         std::to_string(kSm90QuantizeMaxRows) +
                          " rows and 64-row tiles (m " + std::to_string(p.m) + ")");
     g.x_bf16 = p.a_bf16;
     g.x_ld = p.a_bf16_ld;
