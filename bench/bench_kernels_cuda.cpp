@@ -28,7 +28,6 @@
 #include "kernels/cuda/fp8_kv_cache.h"
 #include "kernels/cuda/gemm_cublaslt.h"
 #include "kernels/cuda/head_bmm_small.h"
-#include "kernels/cuda/l2_prefetch.h"
 #include "kernels/cuda/mla_absorbed.h"
 #include "kernels/cuda/mla_expanded.h"
 #include "kernels/cuda/moe_experts.h"
@@ -385,95 +384,6 @@ void BM_MoeFused(benchmark::State& state) {
   state.counters["path"] = int(moe_path(p));  // MoePath: 1 grouped, 2 small, 3 sm90
 }
 
-// What the shared-expert L2 prefetch can buy the decode MoE (1 token, small
-// path). Before each timed call L2 is flushed (a 256 MB memset), then mode
-// 0: nothing; 1: l2_prefetch of the shared experts' rows; 2: that prefetch,
-// then a 27 MB evict-first weight stream (the attention chain's skinny GEMM
-// loads) between it and the MoE; 3: only the stream. The median MoE time
-// alone is reported (the prefetch and stream are outside the events).
-void BM_MoeSharedInL2(benchmark::State& state) {
-  const int mode = int(state.range(0));
-  MoeInputs m = make_moe(1);
-  MoeExpertsParams p;
-  p.x = m.x.get<__nv_bfloat16>();
-  p.w_gate_up = m.w_gate_up.get<__nv_bfloat16>();
-  p.w_down = m.w_down.get<__nv_bfloat16>();
-  p.topk_ids = m.ids.get<int32_t>();
-  p.topk_weights = m.weights.get<float>();
-  p.num_tokens = 1;
-  p.hidden = kHidden;
-  p.inter = kInter;
-  p.num_experts = kExperts;
-  p.top_k = kTopK;
-  p.num_shared = kShared;
-  p.out = m.out.get<__nv_bfloat16>();
-  DeviceBuffer work(moe_workspace_bytes(p)), flush(size_t(256) << 20);
-  const int64_t stream_n = 13824, stream_k = 1024;  // 27 MB of bf16 weights
-  auto stream_w = random_bf16(size_t(stream_n * stream_k), 11), stream_x = random_bf16(stream_k, 12);
-  DeviceBuffer stream_out(size_t(stream_n) * 2);
-  const size_t es = 2;
-  const std::vector<ByteRange> shared = {
-      {m.w_gate_up.get<char>() + size_t(kExperts) * 2 * kInter * kHidden * es, size_t(kShared) * 2 * kInter * kHidden * es},
-      {m.w_down.get<char>() + size_t(kExperts) * kHidden * kInter * es, size_t(kShared) * kHidden * kInter * es}};
-  int sms = 0;
-  MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "bench");
-  cudaEvent_t start, stop;
-  MLA_CUDA_CHECK(cudaEventCreate(&start), "bench");
-  MLA_CUDA_CHECK(cudaEventCreate(&stop), "bench");
-  moe_experts(p, work.get(), nullptr);
-  std::vector<float> times;
-  for (auto _ : state) {
-    MLA_CUDA_CHECK(cudaMemsetAsync(flush.get(), int(times.size() & 0xff), flush.bytes()), "bench flush");
-    if (mode == 1 || mode == 2) l2_prefetch(shared, sms, nullptr);
-    if (mode >= 2)
-      skinny_gemm(stream_x.get<__nv_bfloat16>(), stream_w.get<__nv_bfloat16>(), 1, stream_n, stream_k,
-                  stream_out.get(), false, nullptr);
-    MLA_CUDA_CHECK(cudaDeviceSynchronize(), "bench");
-    cudaEventRecord(start);
-    moe_experts(p, work.get(), nullptr);
-    cudaEventRecord(stop);
-    MLA_CUDA_CHECK(cudaEventSynchronize(stop), "bench");
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms / 1e3);
-    times.push_back(ms / 1e3f);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  moe_counters(state, times[times.size() / 2], m, kShared);
-}
-
-// The prefetch alone: l2_prefetch of `MB` megabytes from a flushed L2 on
-// `blocks` single-warp blocks, timed with events (a block retires once its
-// prefetches land), as GB/s against the copy ceiling.
-void BM_L2Prefetch(benchmark::State& state) {
-  const size_t bytes = size_t(state.range(0)) << 20;
-  const int blocks = int(state.range(1));
-  auto src = random_bf16(bytes / 2, 13);
-  DeviceBuffer flush(size_t(256) << 20);
-  cudaEvent_t start, stop;
-  MLA_CUDA_CHECK(cudaEventCreate(&start), "bench");
-  MLA_CUDA_CHECK(cudaEventCreate(&stop), "bench");
-  std::vector<float> times;
-  for (auto _ : state) {
-    MLA_CUDA_CHECK(cudaMemsetAsync(flush.get(), int(times.size() & 0xff), flush.bytes()), "bench flush");
-    MLA_CUDA_CHECK(cudaDeviceSynchronize(), "bench");
-    cudaEventRecord(start);
-    l2_prefetch({{src.get(), bytes}}, blocks, nullptr);
-    cudaEventRecord(stop);
-    MLA_CUDA_CHECK(cudaEventSynchronize(stop), "bench");
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms / 1e3);
-    times.push_back(ms / 1e3f);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  report(state, times[times.size() / 2], double(bytes), 0);
-}
-
 // The simple path: per active expert, gather its rows and run three cuBLASLt
 // GEMMs (routing known on the host, as a per-expert loop must know it). It
 // reads each expert's gate_up block as [gate; up] rather than the fused
@@ -538,8 +448,6 @@ BENCHMARK(BM_MoeFused)
     ->Args({4096, 0, 4, 8})->Args({4096, 1, 4, 8})
     ->ArgsProduct({{1, 4}, {2}, {1, 2, 4}, {2, 4, 8}})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
-BENCHMARK(BM_MoeSharedInL2)->DenseRange(0, 3)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(50);
-BENCHMARK(BM_L2Prefetch)->ArgsProduct({{8, 35}, {16, 66, 132}})->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(30);
 BENCHMARK(BM_MoePerExpertCublas)->Arg(1)->Arg(64)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 
 #endif  // MLASERVE_WITH_CUDA: without it there is nothing to benchmark

@@ -307,8 +307,6 @@ class OpTimingBackend final : public Backend {
   void moe_experts(const Tensor& x, const ExpertWeights& e, const Tensor& i, const Tensor& w, Tensor o) override {
     timed("moe_experts", [&] { in_.moe_experts(x, e, i, w, o); });
   }
-  // Not timed: it only launches on the backend's side stream.
-  void prefetch_shared_experts(const ExpertWeights& e) override { in_.prefetch_shared_experts(e); }
   void argmax_rows(const Tensor& logits, Tensor ids) override {
     timed("argmax_rows", [&] { in_.argmax_rows(logits, ids); });
   }

@@ -3,10 +3,9 @@
 # .device-cuda carried (see pack.sh): device facts, the GPU tests, a
 # compute-sanitizer pass over them, and the kernel benchmarks. Logs go to
 # $OUT; the last lines printed are the summary.
-# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|grouped|fp8|model|nopdl|noprefetch|ncu|ncudetail|engine|v3fp8|ncuv3|peer]...
+# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|grouped|fp8|model|nopdl|ncu|ncudetail|engine|v3fp8|ncuv3|peer]...
 # (default: tests sanitize bench model peer). nopdl repeats the model's decode
-# with programmatic dependent launch off (MLASERVE_PDL=0), to show what it buys,
-# and noprefetch without the shared-expert L2 prefetch (MLASERVE_L2_PREFETCH=0);
+# with programmatic dependent launch off (MLASERVE_PDL=0), to show what it buys;
 # ncu times every kernel of a few decode steps of a 4-layer v2-lite with
 # Nsight Compute, and ncudetail shows stall reasons for the kernels
 # NCU_KERNELS names. model makes a random v2-lite
@@ -82,11 +81,6 @@ for step in "${steps[@]}"; do
       MLASERVE_PDL=0 "$dir/bench_model_cuda" --dir "$CKPT" ${NOPDL_ARGS:---batches 1,8 --output 64} 2>&1 |
         tee "$OUT/model_nopdl.log"
       summary+=("model bench without PDL: rc=${PIPESTATUS[0]}")
-      ;;
-    noprefetch)
-      MLASERVE_L2_PREFETCH=0 "$dir/bench_model_cuda" --dir "$CKPT" ${NOPREFETCH_ARGS:---batches 1,8 --prefill 0} 2>&1 |
-        tee "$OUT/model_noprefetch.log"
-      summary+=("model bench without the shared-expert L2 prefetch: rc=${PIPESTATUS[0]}")
       ;;
     ncu)
       ncu=$(command -v ncu || find /opt/nvidia /usr/local -name ncu -type f 2>/dev/null | head -1)

@@ -236,12 +236,6 @@ class Backend {
   virtual void moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids,
                            const Tensor& topk_weights, Tensor out) = 0;
 
-  // A hint, no effect on results: the shared experts of `experts` run next
-  // after the attention that is about to start (their input is its output).
-  // A backend that streams weights from memory may start pulling theirs into
-  // its cache now, overlapped with the attention's latency-bound kernels.
-  virtual void prefetch_shared_experts(const ExpertWeights& /*experts*/) {}
-
   // ids{R} I32 = argmax of each row of logits{R, V} F32, the lowest index on
   // ties (the host sampler's greedy rule): greedy steps copy only the ids.
   virtual void argmax_rows(const Tensor& logits, Tensor ids) = 0;

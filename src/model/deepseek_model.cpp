@@ -48,7 +48,6 @@ void DeepseekModel::run_block(const DecoderLayerWeights& w, const DeviceBatch& b
                               Tensor& x, Tensor& residual, bool first) {
   const float eps = float(config_.rms_norm_eps);
   const DType act = backend_.act_dtype();
-  if (w.moe) backend_.prefetch_shared_experts(w.moe->experts);
   Tensor normed = backend_.alloc(x.shape(), act);
   if (first) {
     residual = x;  // the block input starts the residual stream

@@ -18,7 +18,6 @@
 #include "kernels/cuda/mla_absorbed.h"
 #include "kernels/cuda/mla_expanded.h"
 #include "kernels/cuda/mla_prepare.h"
-#include "kernels/cuda/l2_prefetch.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/head_bmm_small.h"
 #include "kernels/cuda/moe_router.h"
@@ -101,12 +100,6 @@ bool fp8_weights_from_env() {
   return !(v && std::strcmp(v, "0") == 0);
 }
 
-// On unless MLASERVE_L2_PREFETCH=0 (the switch exists to measure what it buys).
-bool l2_prefetch_from_env() {
-  const char* v = std::getenv("MLASERVE_L2_PREFETCH");
-  return !(v && std::strcmp(v, "0") == 0);
-}
-
 }  // namespace
 
 CudaBackend::CudaBackend() : allocator_(std::make_shared<DeviceAllocator>()), fp8_weights_(fp8_weights_from_env()) {
@@ -118,10 +111,6 @@ CudaBackend::CudaBackend() : allocator_(std::make_shared<DeviceAllocator>()), fp
   pinned_bytes_ = size_t(1) << 20;
   MLA_CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_), "backend start-up");
   MLA_CUDA_CHECK(cudaEventCreateWithFlags(&staging_free_, cudaEventDisableTiming), "backend start-up");
-  l2_prefetch_ = l2_prefetch_from_env();
-  MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&prefetch_stream_, cudaStreamNonBlocking), "backend start-up");
-  MLA_CUDA_CHECK(cudaEventCreateWithFlags(&prefetch_fork_, cudaEventDisableTiming), "backend start-up");
-  MLA_CUDA_CHECK(cudaEventCreateWithFlags(&prefetch_join_, cudaEventDisableTiming), "backend start-up");
 }
 
 CudaBackend::~CudaBackend() {
@@ -132,10 +121,6 @@ CudaBackend::~CudaBackend() {
   moe_select_ws_.reset();
   if (pinned_) cudaFreeHost(pinned_);
   if (staging_free_) cudaEventDestroy(staging_free_);
-  if (prefetch_stream_) cudaStreamSynchronize(prefetch_stream_);
-  if (prefetch_fork_) cudaEventDestroy(prefetch_fork_);
-  if (prefetch_join_) cudaEventDestroy(prefetch_join_);
-  if (prefetch_stream_) cudaStreamDestroy(prefetch_stream_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -350,10 +335,7 @@ Tensor CudaBackend::to_host(const Tensor& t) {
   return h;
 }
 
-void CudaBackend::synchronize() {
-  join_prefetch();
-  MLA_CUDA_CHECK(cudaStreamSynchronize(stream_), "synchronize");
-}
+void CudaBackend::synchronize() { MLA_CUDA_CHECK(cudaStreamSynchronize(stream_), "synchronize"); }
 
 DeviceBatch CudaBackend::prepare_batch(const ForwardBatch& b) {
   const int T = b.num_tokens(), B = b.num_seqs();
@@ -783,41 +765,10 @@ void CudaBackend::moe_select(const Tensor& h, const Weight& router, const Tensor
   cuda::moe_select(h.data<__nv_bfloat16>(), router.w.data<__nv_bfloat16>(), D, p, *moe_select_ws_, stream_);
 }
 
-void CudaBackend::prefetch_shared_experts(const ExpertWeights& experts) {
-  auto* stacked = static_cast<const StackedExperts*>(experts.packed.get());
-  if (!l2_prefetch_ || !stacked || stacked->num_shared == 0) return;
-  join_prefetch();
-  // The shared experts are the last num_shared of each stack.
-  const int64_t E = experts.num_experts(), S = stacked->num_shared, I = stacked->inter, D = stacked->hidden;
-  const size_t es = dtype_size(stacked->gate_up.dtype());
-  const auto* gate_up = static_cast<const char*>(stacked->gate_up.raw());
-  const auto* down = static_cast<const char*>(stacked->down.raw());
-  // Bulk prefetches take 16-byte aligned ranges: trim each to its aligned interior.
-  auto aligned = [](const char* p, size_t bytes) {
-    const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + 15) & ~uintptr_t(15);
-    const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) & ~uintptr_t(15);
-    return ByteRange{reinterpret_cast<const void*>(begin), end > begin ? size_t(end - begin) : 0};
-  };
-  const std::vector<ByteRange> ranges = {aligned(gate_up + size_t(E * 2 * I * D) * es, size_t(S * 2 * I * D) * es),
-                                         aligned(down + size_t(E * D * I) * es, size_t(S * D * I) * es)};
-  MLA_CUDA_CHECK(cudaEventRecord(prefetch_fork_, stream_), "prefetch_shared_experts");
-  MLA_CUDA_CHECK(cudaStreamWaitEvent(prefetch_stream_, prefetch_fork_), "prefetch_shared_experts");
-  l2_prefetch(ranges, sm_count_, prefetch_stream_);
-  MLA_CUDA_CHECK(cudaEventRecord(prefetch_join_, prefetch_stream_), "prefetch_shared_experts");
-  prefetch_pending_ = true;
-}
-
-void CudaBackend::join_prefetch() {
-  if (!prefetch_pending_) return;
-  MLA_CUDA_CHECK(cudaStreamWaitEvent(stream_, prefetch_join_), "prefetch join");
-  prefetch_pending_ = false;
-}
-
 void CudaBackend::moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids,
                               const Tensor& topk_weights, Tensor out) {
   auto* stacked = static_cast<const StackedExperts*>(experts.packed.get());
   MLA_CHECK(stacked, "moe_experts: experts were not loaded by the CUDA backend");
-  join_prefetch();
   const int64_t T = x.dim(0), D = x.dim(1), k = topk_ids.dim(1);
   MLA_CHECK(D == stacked->hidden && out.shape() == x.shape() && topk_ids.dim(0) == T &&
                 topk_weights.shape() == topk_ids.shape(),

@@ -62,7 +62,6 @@ class CudaBackend final : public Backend {
                   Tensor topk_ids, Tensor topk_weights) override;
   void moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids, const Tensor& topk_weights,
                    Tensor out) override;
-  void prefetch_shared_experts(const ExpertWeights& experts) override;
   void argmax_rows(const Tensor& logits, Tensor ids) override;
   void sample_rows(const Tensor& logits, const std::vector<RowSampling>& rows, Tensor ids) override;
 
@@ -70,8 +69,6 @@ class CudaBackend final : public Backend {
   // weights in FP8 (default: on unless MLASERVE_FP8=0).
   void set_fp8_weights(bool on) { fp8_weights_ = on; }
   bool fp8_weights() const { return fp8_weights_; }
-  // Whether prefetch_shared_experts acts (default: on unless MLASERVE_L2_PREFETCH=0).
-  void set_l2_prefetch(bool on) { l2_prefetch_ = on; }
 
   cudaStream_t stream() const { return stream_; }
   DeviceAllocator& allocator() { return *allocator_; }
@@ -102,9 +99,6 @@ class CudaBackend final : public Backend {
   // bf16 view of a weight-like tensor; f32 ones are converted once and cached.
   const __nv_bfloat16* as_bf16(const Tensor& t, const char* op);
   Tensor upload(const Tensor& host);
-  // Makes stream_ wait for the last prefetch_shared_experts launch (a captured
-  // graph must join every stream it forked).
-  void join_prefetch();
 
   cudaStream_t stream_ = nullptr;
   int sm_count_ = 0;
@@ -118,12 +112,6 @@ class CudaBackend final : public Backend {
   size_t pinned_bytes_ = 0;
   cudaEvent_t staging_free_ = nullptr;  // recorded after each staging copy
   const StaticBatchBuffers* static_batch_ = nullptr;
-  // prefetch_shared_experts runs on its own stream, forked from and joined
-  // back into stream_ by these events; off with MLASERVE_L2_PREFETCH=0.
-  bool l2_prefetch_ = true;
-  cudaStream_t prefetch_stream_ = nullptr;
-  cudaEvent_t prefetch_fork_ = nullptr, prefetch_join_ = nullptr;
-  bool prefetch_pending_ = false;
 };
 
 }  // namespace mlaserve::cuda

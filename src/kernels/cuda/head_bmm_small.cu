@@ -4,7 +4,6 @@
 
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/l2_cache.cuh"
 #include "kernels/cuda/pdl.cuh"
 
 namespace mlaserve::cuda {
@@ -20,12 +19,6 @@ struct Args {
   int tokens, heads, k, n;
   int64_t x_stride, out_stride;  // per head
 };
-
-// 8 weights read once (l2_cache.cuh).
-__device__ __forceinline__ Bf16x8 load_weights_8(const __nv_bfloat16* p, uint64_t policy) {
-  const uint4 v = load_streamed_16(p, policy);
-  return *reinterpret_cast<const Bf16x8*>(&v);
-}
 
 // x[:, h, :K] as f32 into xs (after pdl_wait: x is the previous kernel's output).
 __device__ __forceinline__ void stage_x(const Args& a, int h, float (*xs)[kHeadBmmSmallMaxK]) {
@@ -51,12 +44,11 @@ __global__ void __launch_bounds__(kThreads) head_bmm_kn_kernel(Args a) {
   const int col0 = blockIdx.x * kColsPerBlock + cg * 8;
   const bool active = col0 < a.n;
   const __nv_bfloat16* wh = a.w + int64_t(h) * a.k * a.n + col0;
-  const uint64_t streamed = l2_evict_first_policy();
   Bf16x8 first[kPrefetchRows];
 #pragma unroll
   for (int u = 0; u < kPrefetchRows; ++u) {
     const int kk = kl + kKLanes * u;
-    if (active && kk < a.k) first[u] = load_weights_8(wh + int64_t(kk) * a.n, streamed);
+    if (active && kk < a.k) first[u] = Bf16x8::load(wh + int64_t(kk) * a.n);
   }
   pdl_wait();
   stage_x(a, h, xs);
@@ -67,7 +59,7 @@ __global__ void __launch_bounds__(kThreads) head_bmm_kn_kernel(Args a) {
       const int kk = k0 + kl + kKLanes * u;
       if (!active || kk >= a.k) continue;
       float wv[8];
-      (k0 == 0 ? first[u] : load_weights_8(wh + int64_t(kk) * a.n, streamed)).to_float(wv);
+      (k0 == 0 ? first[u] : Bf16x8::load(wh + int64_t(kk) * a.n)).to_float(wv);
 #pragma unroll
       for (int r = 0; r < kMaxT; ++r) {
         if (r < a.tokens) {
@@ -118,11 +110,10 @@ __global__ void __launch_bounds__(kThreads) head_bmm_nk_kernel(Args a) {
   const bool active = col < a.n;
   const __nv_bfloat16* wr = a.w + (int64_t(h) * a.n + (active ? col : 0)) * a.k;
   constexpr int kLoads = kHeadBmmSmallMaxK / kStep;
-  const uint64_t streamed = l2_evict_first_policy();
   Bf16x8 wv8[kLoads];
 #pragma unroll
   for (int u = 0; u < kLoads; ++u)
-    if (active && u * kStep + lane * 8 < a.k) wv8[u] = load_weights_8(wr + u * kStep + lane * 8, streamed);
+    if (active && u * kStep + lane * 8 < a.k) wv8[u] = Bf16x8::load(wr + u * kStep + lane * 8);
   pdl_wait();
   stage_x(a, h, xs);
   if (!active) return;

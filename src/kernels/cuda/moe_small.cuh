@@ -16,8 +16,8 @@
 // Both kernels are programmatic dependents (pdl.cuh): each launches during
 // the previous kernel's tail and waits before reading the routing.
 // NOTES: decode is bound by streaming expert weights, so every lane keeps 16
-// 16-byte weight loads in flight (read once: kept out of L1, where x and
-// act, which every warp re-reads, stay, and first out of L2), and the
+// 16-byte weight loads in flight (ld.global.nc.L1::no_allocate: read once,
+// kept out of L1, where x and act, which every warp re-reads, stay), and the
 // grids have thousands of small blocks so every SM streams until the end.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -27,7 +27,6 @@
 
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/l2_cache.cuh"
 #include "kernels/cuda/moe_align.cuh"
 #include "kernels/cuda/pdl.cuh"
 
@@ -37,6 +36,13 @@ namespace {
 constexpr int kSmallGateUpWarps = 4, kSmallDownWarps = 8;
 constexpr int kSmallMaxSlotsPerToken = 16;
 
+__device__ __forceinline__ uint4 load_weights_16(const uint8_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
 
 // n (a multiple of 8) bf16 values at p as f32.
 template <int kN>
@@ -194,7 +200,6 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
 #pragma unroll
     for (int h = 0; h < 2; ++h) row[c][h] = a.w.gate_up_row(expert, min(col0 + c, I - 1), h == 1, I, D);
 
-  const uint64_t streamed = l2_evict_first_policy();
   float acc[kCols][2][kMaxTok] = {};
   for (int k0 = 0; k0 < chunks; k0 += 32 * kUnroll) {
     uint4 wv[kCols][2][kUnroll];
@@ -205,7 +210,7 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
       for (int c = 0; c < kCols; ++c)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          wv[c][h][u] = kc < chunks ? load_streamed_16(row[c][h] + int64_t(kc) * 16, streamed) : make_uint4(0, 0, 0, 0);
+          wv[c][h][u] = kc < chunks ? load_weights_16(row[c][h] + int64_t(kc) * 16) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -275,7 +280,6 @@ __global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(Sm
     const uint8_t* row[kRowsPerWarp];
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) row[r] = a.w.down_row(expert, min(r0 + r, D - 1), I, D);
-    const uint64_t streamed = l2_evict_first_policy();
     float acc[kRowsPerWarp][kMaxTok] = {};
     for (int k0 = 0; k0 < chunks; k0 += 32 * kUnroll) {
       uint4 wv[kRowsPerWarp][kUnroll];
@@ -284,7 +288,7 @@ __global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(Sm
         const int kc = k0 + u * 32 + lane;
 #pragma unroll
         for (int r = 0; r < kRowsPerWarp; ++r)
-          wv[r][u] = kc < chunks ? load_streamed_16(row[r] + int64_t(kc) * 16, streamed) : make_uint4(0, 0, 0, 0);
+          wv[r][u] = kc < chunks ? load_weights_16(row[r] + int64_t(kc) * 16) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {

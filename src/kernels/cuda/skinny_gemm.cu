@@ -4,7 +4,6 @@
 
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/l2_cache.cuh"
 #include "kernels/cuda/pdl.cuh"
 
 namespace mlaserve::cuda {
@@ -21,6 +20,15 @@ constexpr int kBlockWarps = 8;
 constexpr int kVecElems = 8;              // bf16 values in a 16-byte load
 constexpr int kWarpVecElems = 32 * kVecElems;  // elements a warp covers per load
 constexpr int kTargetBlocks = 264;        // 2 per SM on an H100/H200: spread small matrices
+
+// Streamed once: not worth a line in L1, which the activations use.
+__device__ __forceinline__ uint4 load_weight(const __nv_bfloat16* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
 
 __device__ __forceinline__ void bf16x8_to_float(uint4 v, float (&f)[8]) {
   Bf16x8 b;
@@ -41,7 +49,6 @@ __global__ void __launch_bounds__(kBlockWarps * 32) skinny_gemm_kernel(const __n
   const int split = threadIdx.y, splits = blockDim.y;
   const int64_t col0 = (int64_t(blockIdx.x) * col_warps + cw) * kCols;
 
-  const uint64_t streamed = l2_evict_first_policy();
   const __nv_bfloat16* wr[kCols];
 #pragma unroll
   for (int c = 0; c < kCols; ++c) wr[c] = w + (col0 + c < n ? col0 + c : n - 1) * k;
@@ -56,7 +63,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32) skinny_gemm_kernel(const __n
     for (int u = 0; u < kLoads; ++u) {
       const int64_t kk = k0 + u * kWarpVecElems + lane * kVecElems;
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) wv[c][u] = kk < k ? load_streamed_16(wr[c] + kk, streamed) : make_uint4(0, 0, 0, 0);
+      for (int c = 0; c < kCols; ++c) wv[c][u] = kk < k ? load_weight(wr[c] + kk) : make_uint4(0, 0, 0, 0);
     }
     if (!waited) {  // the weights are in flight; now the activations may be read
       pdl_wait();
