@@ -76,7 +76,7 @@ void BM_Sm90MoeBf16(benchmark::State& state) {
   if (skip_without_hopper(state)) return;
   constexpr int kExperts = 64, kHidden = 2048, kInter = 1408, kTopK = 6;
   const int tokens = int(state.range(0));
-  const Sm90GemmVariant variant{int(state.range(1)), -1, 0, int(state.range(2))};
+  const Sm90GemmVariant variant{int(state.range(1)), -1, 0, int(state.range(2)), 0, int(state.range(3))};
   DeviceBuffer x(size_t(tokens) * kHidden * 2), gate_up(size_t(kExperts) * 2 * kInter * kHidden * 2),
       down(size_t(kExperts) * kHidden * kInter * 2), out(size_t(tokens) * kHidden * 2);
   fill_random_bf16(x.get<__nv_bfloat16>(), x.bytes() / 2, 8, nullptr);
@@ -140,7 +140,7 @@ void BM_Sm90MoeFp8(benchmark::State& state) {
   p.num_experts = Fp8MoeData::kExperts;
   p.top_k = Fp8MoeData::kTopK;
   p.out = d.out.get<__nv_bfloat16>();
-  p.variant = Sm90GemmVariant{0, int(state.range(1)), 0, int(state.range(2))};
+  p.variant = Sm90GemmVariant{0, int(state.range(1)), 0, int(state.range(2)), 0, int(state.range(3))};
   DeviceBuffer workspace(fp8_moe_experts_sm90_workspace_bytes(p));
   const double s = run_timed(state, [&] { fp8_moe_experts_sm90(p, workspace.get(), nullptr); });
   report(state, s, 2.0 * tokens * Fp8MoeData::kTopK * 3.0 * Fp8MoeData::kHidden * Fp8MoeData::kInter,
@@ -175,7 +175,7 @@ void BM_Fp8MoeGroupedPath(benchmark::State& state) {
 void BM_Sm90Fp8Gemm(benchmark::State& state) {
   if (skip_without_hopper(state)) return;
   const int m = int(state.range(0)), n = int(state.range(1)), k = int(state.range(2));
-  const Sm90GemmVariant variant{0, int(state.range(3)), int(state.range(4))};
+  const Sm90GemmVariant variant{0, int(state.range(3)), int(state.range(4)), -1, 0, int(state.range(5))};
   const int64_t ld = fp8_act_scale_ld(m);
   DeviceBuffer x(size_t(m) * k * 2), a(size_t(ld) * k), a_scale(size_t(ld) * (k / 128) * 4);
   DeviceBuffer w(size_t(n) * k), w_scale(size_t((n + 127) / 128) * (k / 128) * 4), out(size_t(m) * n * 2);
@@ -201,17 +201,22 @@ void BM_Sm90Fp8Gemm(benchmark::State& state) {
 }
 
 // Variant sweeps (Sm90GemmVariant; 0 / -1: the default): bf16 {tokens,
-// block_m, gather in producer}; fp8 {tokens, overlapped promotion, gather in
-// producer}; dense {m, n, k, overlapped, block_m}.
+// block_m, gather in producer, cluster_m}; fp8 {tokens, overlapped
+// promotion, gather in producer, cluster_m}; dense {m, n, k, overlapped,
+// block_m, cluster_m} (cluster_m 1: a CTA a tile, 2: pairs sharing weights).
 void bf16_args(benchmark::internal::Benchmark* b) {
-  for (int tokens : {256, 512, 1024, 2048, 4096})
-    for (int gather : {0, 1}) b->Args({tokens, 0, gather});
-  for (int block_m : {128, 64}) b->Args({4096, block_m, 1});
+  for (int tokens : {256, 512, 1024, 2048, 4096}) {
+    b->Args({tokens, 0, 1, 0});
+    for (int cluster : {1, 2}) b->Args({tokens, 0, 0, cluster});
+  }
+  for (int block_m : {128, 64})
+    for (int cluster : {1, 2}) b->Args({4096, block_m, 0, cluster});
 }
 void fp8_moe_args(benchmark::internal::Benchmark* b) {
-  for (int tokens : {128, 256, 512, 4096})
-    for (int gather : {0, 1}) b->Args({tokens, 1, gather});
-  b->Args({4096, 0, 1});
+  for (int tokens : {128, 256, 512}) b->Args({tokens, 1, 1, 0});
+  for (int tokens : {1024, 2048, 4096})
+    for (int cluster : {1, 2}) b->Args({tokens, 1, 0, cluster});
+  b->Args({4096, 0, 0, 2});
 }
 // V3 shapes {n, k} at M = 4096: q_a, q_b, kv_a, o_proj, shared-expert gate_up
 // and down, dense-MLP gate_up and down.
@@ -219,9 +224,9 @@ void dense_args(benchmark::internal::Benchmark* b) {
   const int shapes[][2] = {{1536, 7168}, {24576, 1536}, {576, 7168}, {7168, 16384},
                            {4096, 7168}, {7168, 2048},  {36864, 7168}, {7168, 18432}};
   for (const auto& s : shapes) {
-    b->Args({4096, s[0], s[1], 0, 64});
-    b->Args({4096, s[0], s[1], 1, 64});
-    b->Args({4096, s[0], s[1], 1, 128});
+    b->Args({4096, s[0], s[1], 1, 128, 1});
+    b->Args({4096, s[0], s[1], 1, 128, 2});
+    b->Args({4096, s[0], s[1], 0, 128, 2});
   }
 }
 BENCHMARK(BM_Sm90MoeBf16)->Apply(bf16_args)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);

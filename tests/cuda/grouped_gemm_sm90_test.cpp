@@ -33,18 +33,22 @@ bool hopper_present() { return gpu_available() && sm90_gemm_supported(); }
 int64_t interleaved_row(int64_t i, bool is_up) { return (i / 8) * 16 + (is_up ? 8 : 0) + i % 8; }
 
 // Every kernel variant is checked against the same reference.
-// MoE variants gather x in the GEMM's producer (1) or in a pass before it (0).
+// MoE variants gather x in the GEMM's producer (1) or in a pass before it
+// (0), whose TMA-fed kernels run one CTA a tile or in pairs sharing weight
+// tiles (cluster_m 1 / 2).
 std::vector<Sm90GemmVariant> bf16_variants() {
-  return {Sm90GemmVariant{128, -1, 0, 1}, Sm90GemmVariant{64, -1, 0, 1}, Sm90GemmVariant{128, -1, 0, 0},
-          Sm90GemmVariant{64, -1, 0, 0}};
+  return {Sm90GemmVariant{128, -1, 0, 1},       Sm90GemmVariant{64, -1, 0, 1},
+          Sm90GemmVariant{128, -1, 0, 0, 0, 1}, Sm90GemmVariant{64, -1, 0, 0, 0, 1},
+          Sm90GemmVariant{128, -1, 0, 0, 0, 2}, Sm90GemmVariant{64, -1, 0, 0, 0, 2}};
 }
 std::vector<Sm90GemmVariant> fp8_variants() {
-  return {Sm90GemmVariant{0, 0, 64, 1}, Sm90GemmVariant{0, 1, 64, 1}, Sm90GemmVariant{0, 1, 64, 0}};
+  return {Sm90GemmVariant{0, 0, 64, 1}, Sm90GemmVariant{0, 1, 64, 1}, Sm90GemmVariant{0, 1, 64, 0, 0, 1},
+          Sm90GemmVariant{0, 1, 64, 0, 0, 2}, Sm90GemmVariant{0, 0, 64, 0, 0, 2}};
 }
 std::string variant_name(const Sm90GemmVariant& v) {
   return "bf16 block_m " + std::to_string(v.bf16_block_m) + ", overlap " + std::to_string(v.fp8_overlap_promotion) +
          ", fp8 block_m " + std::to_string(v.fp8_block_m) + ", gather " + std::to_string(v.gather_in_producer) +
-         ", k splits " + std::to_string(v.fp8_k_splits);
+         ", k splits " + std::to_string(v.fp8_k_splits) + ", cluster_m " + std::to_string(v.cluster_m);
 }
 
 double silu_mul(double g, double u) { return g / (1.0 + std::exp(-g)) * u; }
@@ -153,8 +157,11 @@ TEST_P(Sm90Bf16Moe, MatchesHostExperts) {
 
 // 5 tokens: one partly filled 128-row block per expert; 300 x 4 slots: experts
 // spanning several blocks, several tiles per CTA; K 512 = 8 K blocks.
+// 1001 x 3 slots over 6 experts: runs of several row blocks, so pairs of
+// one expert's tiles share weights and pairs across a run's end do not.
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Bf16Moe,
-                         ::testing::Values(MoeShape{5, 8, 1, 2, 256, 128}, MoeShape{300, 16, 1, 3, 512, 256}));
+                         ::testing::Values(MoeShape{5, 8, 1, 2, 256, 128}, MoeShape{300, 16, 1, 3, 512, 256},
+                                           MoeShape{1001, 5, 1, 2, 256, 256}));
 
 class Sm90Fp8Moe : public ::testing::TestWithParam<MoeShape> {};
 
@@ -246,8 +253,11 @@ TEST_P(Sm90Fp8Moe, MatchesHostExpertsOnDequantizedWeights) {
 // 300 x 3 slots over 16 experts: several 64-row blocks per expert; inter 384:
 // the gate and up halves of a tile fall in different 128-row scale blocks,
 // and down has 3 K blocks (odd: the overlapped variant falls back to serial).
+// 1001 x 3 slots over 6 experts: several 64-row blocks an expert, so pairs
+// sharing weight tiles, pairs across runs, and a phantom tile (odd blocks).
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Fp8Moe,
-                         ::testing::Values(MoeShape{5, 8, 1, 2, 256, 256}, MoeShape{300, 16, 1, 3, 512, 384}));
+                         ::testing::Values(MoeShape{5, 8, 1, 2, 256, 256}, MoeShape{300, 16, 1, 3, 512, 384},
+                                           MoeShape{1001, 5, 1, 2, 256, 256}));
 
 struct DenseShape {
   int m, n, k;
@@ -280,7 +290,9 @@ TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
   const auto ref_scheme = matmul_nt(fake_quantize_rows(xf, m, k), w.dequant, m, n, k);
   const auto ref_exact = matmul_nt(xf, w.dequant, m, n, k);
   std::vector<Sm90GemmVariant> variants = fp8_variants();
-  variants.push_back(Sm90GemmVariant{0, 1, 128});  // 128 x 128 tiles (dense only)
+  variants.push_back(Sm90GemmVariant{0, 1, 128, -1, 0, 1});  // 128 x 128 tiles (dense only), one CTA a tile
+  variants.push_back(Sm90GemmVariant{0, 1, 128, -1, 0, 2});  // in pairs sharing weight tiles (m_blocks >= 4)
+  variants.push_back(Sm90GemmVariant{0, 0, 128, -1, 0, 2});
   variants.push_back(Sm90GemmVariant{0, 1, 0});    // the plan's own tile and split choice
   // Split K into uneven ranges (3 and 5 do not divide the K blocks of every shape), both tiles.
   variants.push_back(Sm90GemmVariant{0, 1, 64, -1, 3});
@@ -319,12 +331,14 @@ TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
 }
 
 // Ragged M and N (partial row block, N not a multiple of the 256-wide tile
-// nor of 128, as kv_a's 576), a shape with several tiles and K blocks, and
+// nor of 128, as kv_a's 576), shapes with several tiles and K blocks (600
+// rows: 5 row tiles of 128, so pairs and a phantom tile), and
 // decode rows: one token (63 of the 64 tile rows zero-filled) against V3's
 // fused q_a / kv_a width, whose plan splits K, 8 tokens, and 5; up to 8 rows
 // also run quantizing bf16 rows inside the GEMM.
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Fp8Gemm,
                          ::testing::Values(DenseShape{100, 576, 512}, DenseShape{300, 1024, 1024},
+                                           DenseShape{600, 640, 1024},
                                            DenseShape{1, 2112, 7168}, DenseShape{8, 1536, 1536},
                                            DenseShape{5, 576, 2048}));
 

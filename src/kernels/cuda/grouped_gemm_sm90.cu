@@ -116,15 +116,16 @@ struct GemmArgs {
   float* partials = nullptr;
 };
 
-// Consecutive tiles walk the columns of a band of kBand row blocks, so the
-// CTAs running at once share a few weight tiles and a few A row blocks in L2.
+// Consecutive tiles walk the columns of a band of kBand row blocks (rows of
+// pair units hold two), so the CTAs running at once share a few weight
+// tiles and a few A row blocks in L2.
 constexpr int kBand = 16;
 
-__device__ __forceinline__ void tile_coords(int tile, int m_blocks, int n_tiles, int& mb, int& nb) {
-  const int band = tile / (kBand * n_tiles), in_band = tile % (kBand * n_tiles);
-  const int band_rows = min(kBand, m_blocks - band * kBand);
+__device__ __forceinline__ void tile_coords(int tile, int m_blocks, int n_tiles, int band_size, int& mb, int& nb) {
+  const int band = tile / (band_size * n_tiles), in_band = tile % (band_size * n_tiles);
+  const int band_rows = min(band_size, m_blocks - band * band_size);
   nb = in_band / band_rows;
-  mb = band * kBand + in_band % band_rows;
+  mb = band * band_size + in_band % band_rows;
 }
 
 // A CTA's piece of work: output tile (mb, nb), K blocks [kb_begin, kb_end).
@@ -133,10 +134,11 @@ struct WorkUnit {
   int mb, nb, split, kb_begin, kb_end;
 };
 
-__device__ __forceinline__ WorkUnit work_unit(int unit, int m_blocks, int n_tiles, int k_blocks, int k_splits) {
+__device__ __forceinline__ WorkUnit work_unit(int unit, int m_blocks, int n_tiles, int k_blocks, int k_splits,
+                                              int band_size = kBand) {
   WorkUnit u;
   u.split = unit % k_splits;
-  tile_coords(unit / k_splits, m_blocks, n_tiles, u.mb, u.nb);
+  tile_coords(unit / k_splits, m_blocks, n_tiles, band_size, u.mb, u.nb);
   u.kb_begin = u.split * k_blocks / k_splits;
   u.kb_end = (u.split + 1) * k_blocks / k_splits;
   return u;
@@ -188,11 +190,27 @@ __device__ __forceinline__ uint4 quad_transpose(uint32_t w0, uint32_t w1, uint32
 //    needs no quantization kernel before it.
 enum class ASource { kTma, kGather, kQuantize };
 
-template <class T, Epilogue kEpi, ASource kA>
+// kCluster 2: CTAs run in clusters of two that take row tiles 2i and 2i + 1
+// of the same column tile and K range (a pair unit). When both row tiles
+// belong to the same group (always for dense; MoE: the same expert), each
+// CTA loads half of every weight tile and the TMA multicasts it into both,
+// so a weight tile crosses from L2 once per pair. Each CTA's empty barriers
+// then count the consumer warps of both CTAs (a stage is refilled in both
+// at once), and a CTA's producer waits for its last stages' releases before
+// exiting, so no arrival reaches a CTA that has gone. An odd last row tile
+// is paired with a phantom tile past m_blocks whose products are dropped.
+// NOTES: the 64-row fp8 MoE tiles read 32 KB of weights for 8 KB of
+// activations a stage, and at ~128 rows an expert (V3, 4096 tokens) each
+// expert's weights feed 2-3 row tiles: one CTA a tile, gate_up read 13.5 GB
+// from DRAM for 7.5 GB of weights (ncu, H200; 3.6 ms), in pairs 11.2 GB
+// (3.2 ms). Only the weight stream bounds those tiles, not the tensor cores.
+template <class T, Epilogue kEpi, ASource kA, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w,
                      const __grid_constant__ CUtensorMap map_a_scale, const GemmArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(kCluster == 1 || (kCluster == 2 && kA == ASource::kTma), "pairs take TMA-fed A only");
+  constexpr bool kPair = kCluster == 2;
   using L = Layout<T>;
   constexpr int kStages = T::kStages;
   extern __shared__ uint8_t smem_raw[];
@@ -217,7 +235,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       // The TMA thread's arrival, plus every producer thread's when they write A (gather: cp.async; quantize).
       sm90::mbar_init(&full[s], kProducerWrites ? 1 + 128 : 1);
-      sm90::mbar_init(&empty[s], 2 * 128);  // every consumer thread releases
+      // Every consumer thread releases; in pairs, one arrival per consumer warp of both CTAs.
+      sm90::mbar_init(&empty[s], kPair ? 2 * 2 * 4 : 2 * 128);
     }
     sm90::mbar_init_fence();
     sm90::tma_prefetch_map(&map_w);
@@ -226,18 +245,46 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (T::kFp8) sm90::tma_prefetch_map(&map_a_scale);
     }
   }
-  __syncthreads();
+  if constexpr (kPair)
+    sm90::cluster_sync();
+  else
+    __syncthreads();
+  const uint32_t rank = kPair ? sm90::cluster_ctarank() : 0;
 
   const int rows = args.rows_in_use ? *args.rows_in_use : args.m;
   const int m_blocks = (rows + T::kBlockM - 1) / T::kBlockM;
+  const int m_tiles = kPair ? (m_blocks + 1) / 2 : m_blocks;  // row tiles (pairs) the units walk
   const int n_tiles = n_tiles_of<T, kEpi>(args.n_out);
-  const int k_blocks = args.k / T::kBlockK, units = m_blocks * n_tiles * args.k_splits;
-  // Weight tile rows of unit u's K block kb into stage st.
-  auto load_weights = [&](int st, const WorkUnit& u, int w_row0, int kb) {
+  const int k_blocks = args.k / T::kBlockK, units = m_tiles * n_tiles * args.k_splits;
+  const int first_unit = kPair ? blockIdx.x / 2 : blockIdx.x, unit_stride = kPair ? gridDim.x / 2 : gridDim.x;
+  // Pairs walk row-major (a band of one pair row): each wave of units then
+  // streams whole experts' weights, every tile of them once. Measured on the
+  // fp8 MoE at 4096 tokens (H200): bands of 1 / 4 / 8 / 16 / 32 pair rows
+  // 503 / 499 / 497 / 487 / 470 TFLOP/s.
+  auto unit_at = [&](int unit) {
+    WorkUnit u = work_unit(unit, m_tiles, n_tiles, k_blocks, args.k_splits, kPair ? 1 : kBand);
+    if constexpr (kPair) u.mb = 2 * u.mb + int(rank);
+    return u;
+  };
+  // Group of row tile mb (a phantom tile takes its partner's).
+  auto group_of = [&](int mb) { return args.block_expert ? args.block_expert[min(mb, m_blocks - 1)] : 0; };
+  // Whether the pair of unit u reads one weight tile (see kCluster).
+  auto pair_shares_weights = [&](const WorkUnit& u) {
+    const int mb0 = u.mb & ~1;
+    return kPair && group_of(mb0) == group_of(mb0 + 1);
+  };
+  // Weight tile rows of unit u's K block kb into stage st: all of them, or
+  // (shared) the pieces of this CTA's parity, multicast to both CTAs.
+  auto load_weights = [&](int st, const WorkUnit& u, int w_row0, int kb, bool shared) {
 #pragma unroll
-    for (int q = 0; q < T::kBlockN / kPieceRows; ++q)
-      tma_load_2d(w_smem + st * L::kWBytes + q * kPieceRows * kRowBytes, &map_w, &full[st], kb * T::kBlockK,
-                  w_row0 + piece_row<T, kEpi>(args, u.nb, q));
+    for (int q = 0; q < T::kBlockN / kPieceRows; ++q) {
+      uint8_t* dst = w_smem + st * L::kWBytes + q * kPieceRows * kRowBytes;
+      const int row = w_row0 + piece_row<T, kEpi>(args, u.nb, q);
+      if (!shared)
+        tma_load_2d(dst, &map_w, &full[st], kb * T::kBlockK, row);
+      else if (q % 2 == int(rank))
+        sm90::tma_load_2d_multicast(dst, &map_w, &full[st], kb * T::kBlockK, row, 0x3);
+    }
   };
   pdl_launch_dependents();
 
@@ -247,13 +294,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Thread 0 requests the first stages' weights before waiting for the
     // kernel that wrote x (as the TMA producer below); every thread counts them.
     int early = 0;
-    if (blockIdx.x < units) {
-      const WorkUnit u = work_unit(blockIdx.x, m_blocks, n_tiles, k_blocks, args.k_splits);
+    if (first_unit < units) {
+      const WorkUnit u = unit_at(first_unit);
       early = min(kStages, u.kb_end - u.kb_begin);
       if (threadIdx.x == 0)
         for (int st = 0; st < early; ++st) {
           mbar_arrive_expect_tx(&full[st], L::kWBytes);
-          load_weights(st, u, 0, u.kb_begin + st);
+          load_weights(st, u, 0, u.kb_begin + st, false);
         }
     }
     pdl_wait();
@@ -271,8 +318,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (real && kb < kb_end) r = Bf16x8::load(x_row + int64_t(kb) * kFp8Group);
       return r;
     };
-    for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
-      const WorkUnit u = work_unit(unit, m_blocks, n_tiles, k_blocks, args.k_splits);
+    for (int unit = first_unit; unit < units; unit += unit_stride) {
+      const WorkUnit u = unit_at(unit);
       Bf16x8 x_cur = load_x(u.kb_begin, u.kb_end), x_next = load_x(u.kb_begin + 1, u.kb_end);
       for (int kb = u.kb_begin; kb < u.kb_end; ++kb, ++issued) {
         float v[8];
@@ -283,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbar_wait(&empty[stage], phase ^ 1);
           if (threadIdx.x == 0) {
             mbar_arrive_expect_tx(&full[stage], L::kWBytes);
-            load_weights(stage, u, 0, kb);
+            load_weights(stage, u, 0, kb, false);
           }
         }
         const QuantizedGroupPart part = quantize_group_16lanes(v);  // the whole warp together
@@ -310,8 +357,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint8_t* src_base = static_cast<const uint8_t*>(args.gather_src) + chunk * 16;
     int stage = 0;
     uint32_t phase = 0;
-    for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
-      const WorkUnit u = work_unit(unit, m_blocks, n_tiles, k_blocks, args.k_splits);
+    for (int unit = first_unit; unit < units; unit += unit_stride) {
+      const WorkUnit u = unit_at(unit);
       const int w_row0 = args.block_expert[u.mb] * args.w_rows;
       int src_row[kRowsPerThread];  // -1: pad row
 #pragma unroll
@@ -323,7 +370,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(&empty[stage], phase ^ 1);
         if (threadIdx.x == 0) {
           mbar_arrive_expect_tx(&full[stage], L::kWBytes);
-          load_weights(stage, u, w_row0, kb);
+          load_weights(stage, u, w_row0, kb, false);
         }
         const uint32_t a_dst = smem_u32(a_smem + stage * L::kABytes) + ((chunk ^ (row0 & 7)) * 16);
 #pragma unroll
@@ -355,29 +402,41 @@ __global__ void __launch_bounds__(kThreads, 1)
     // first stages of weights are requested before waiting for the kernel
     // that wrote A, so that wait overlaps the weight stream's start (PDL).
     int early = 0;
-    if (!args.block_expert && blockIdx.x < units) {
-      const WorkUnit u = work_unit(blockIdx.x, m_blocks, n_tiles, k_blocks, args.k_splits);
+    if (!args.block_expert && first_unit < units) {
+      const WorkUnit u = unit_at(first_unit);
       early = min(kStages, u.kb_end - u.kb_begin);
       for (int st = 0; st < early; ++st) {
         mbar_arrive_expect_tx(&full[st], L::kStageBytes);
-        load_weights(st, u, 0, u.kb_begin + st);
+        load_weights(st, u, 0, u.kb_begin + st, kPair);
       }
     }
     pdl_wait();
     int stage = 0, issued = 0;
     uint32_t phase = 0;
-    for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
-      const WorkUnit u = work_unit(unit, m_blocks, n_tiles, k_blocks, args.k_splits);
-      const int w_row0 = (args.block_expert ? args.block_expert[u.mb] : 0) * args.w_rows;
+    for (int unit = first_unit; unit < units; unit += unit_stride) {
+      const WorkUnit u = unit_at(unit);
+      const int w_row0 = group_of(u.mb) * args.w_rows;
+      const bool shared = pair_shares_weights(u);
       for (int kb = u.kb_begin; kb < u.kb_end; ++kb, ++issued) {
         if (issued >= early) {
           mbar_wait(&empty[stage], phase ^ 1);
           mbar_arrive_expect_tx(&full[stage], L::kStageBytes);
-          load_weights(stage, u, w_row0, kb);
+          load_weights(stage, u, w_row0, kb, shared);
         }
         tma_load_2d(a_smem + stage * L::kABytes, &map_a, &full[stage], kb * T::kBlockK, u.mb * T::kBlockM);
         if constexpr (T::kFp8)
           tma_load_2d(scale_smem + stage * T::kBlockM, &map_a_scale, &full[stage], u.mb * T::kBlockM, kb);
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    if constexpr (kPair) {
+      // The partner's consumers arrive on these barriers: wait until every
+      // stage's last fill was released by both CTAs before this CTA exits.
+      for (int i = 0; i < kStages; ++i) {
+        mbar_wait(&empty[stage], phase ^ 1);
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1;
@@ -392,10 +451,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t a_base = smem_u32(a_smem) + (T::kSplitM ? wg * 64 * kRowBytes : 0);
   const uint32_t w_base = smem_u32(w_smem) + (T::kSplitM ? 0 : wg * L::kWarpN * kRowBytes);
   pdl_wait();  // the epilogue overwrites what earlier kernels may still read
+  // Releases a stage to the producer (in pairs: to both CTAs' producers, once a warp).
+  auto release = [&](int st) {
+    if constexpr (kPair) {
+      __syncwarp();
+      if (lane == 0) {
+        mbar_arrive(&empty[st]);
+        sm90::mbar_arrive_cluster(&empty[st], rank ^ 1);
+      }
+    } else {
+      mbar_arrive(&empty[st]);
+    }
+  };
   int stage = 0;
   uint32_t phase = 0;
-  for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
-    const WorkUnit u = work_unit(unit, m_blocks, n_tiles, k_blocks, args.k_splits);
+  for (int unit = first_unit; unit < units; unit += unit_stride) {
+    const WorkUnit u = unit_at(unit);
     const int mb = u.mb, nb = u.nb;
     float acc[L::kAccum];
 #pragma unroll
@@ -421,7 +492,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         sm90::wgmma_commit();
         sm90::wgmma_wait<1>();
-        if (kb > u.kb_begin) mbar_arrive(&empty[prev_stage]);
+        if (kb > u.kb_begin) release(prev_stage);
         prev_stage = stage;
         if (++stage == kStages) {
           stage = 0;
@@ -430,11 +501,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       sm90::wgmma_wait<0>();
       fence_registers(acc);
-      if (u.kb_end > u.kb_begin) mbar_arrive(&empty[prev_stage]);
+      if (u.kb_end > u.kb_begin) release(prev_stage);
     } else {
       // Per 128-wide K block: partial = A_q · W_qᵀ on the tensor cores, then
       // acc += partial * a_scale(row) * w_scale(piece), in f32.
-      const int group = args.block_expert ? args.block_expert[mb] : 0;
+      const int group = group_of(mb);
       const int scale_ld = args.k / 128;
       const float* w_scale_piece[2];
 #pragma unroll
@@ -459,7 +530,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_registers(part);
         const float* sa = scale_smem + st * T::kBlockM;
         const float sa0 = sa[r0], sa1 = sa[r0 + 8];
-        mbar_arrive(&empty[st]);
+        release(st);
 #pragma unroll
         for (int j = 0; j < L::kAccum / 4; ++j) {
           const float w = j < L::kAccum / 8 ? sw[0] : sw[1];
@@ -514,6 +585,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+
+    if (kPair && mb >= m_blocks) continue;  // a phantom tile: products dropped
 
     // Epilogue straight from the accumulators: thread holds rows r, r + 8
     // and column pairs 8j + 2(lane % 4) of each 8-column group j; each
@@ -633,20 +706,49 @@ int sm_count() {
   return sms;
 }
 
-template <class T, Epilogue kEpi, ASource kA = ASource::kTma>
+template <class T, Epilogue kEpi, ASource kA = ASource::kTma, int kCluster = 1>
 void launch_gemm(const CUtensorMap& map_a, const CUtensorMap& map_w, const CUtensorMap& map_a_scale,
                  const GemmArgs& args, int max_m_blocks, cudaStream_t stream, const char* op) {
-  auto kernel = sm90_gemm_kernel<T, kEpi, kA>;
+  auto kernel = sm90_gemm_kernel<T, kEpi, kA, kCluster>;
   constexpr int smem = Layout<T>::kSmemBytes;
   static const bool attribute_set = [&] {
     MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), op);
     return true;
   }();
   (void)attribute_set;
-  const int max_units = max_m_blocks * n_tiles_of<T, kEpi>(args.n_out) * args.k_splits;
-  const int grid = std::min(sm_count(), max_units);
-  if (grid <= 0) return;
-  launch_dependent(kernel, dim3(grid), dim3(kThreads), smem, stream, map_a, map_w, map_a_scale, args);
+  const int max_m_tiles = (max_m_blocks + kCluster - 1) / kCluster;
+  const int max_units = max_m_tiles * n_tiles_of<T, kEpi>(args.n_out) * args.k_splits;
+  if constexpr (kCluster == 1) {
+    const int grid = std::min(sm_count(), max_units);
+    if (grid <= 0) return;
+    launch_dependent(kernel, dim3(grid), dim3(kThreads), smem, stream, map_a, map_w, map_a_scale, args);
+  } else {
+    cudaLaunchConfig_t config = {};
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = kCluster;
+    attr[1].val.clusterDim.y = 1;
+    attr[1].val.clusterDim.z = 1;
+    config.attrs = attr;
+    config.numAttrs = 2;
+    // The grid is persistent: only as many pairs as fit on the GPU at once
+    // (the GPCs' SM counts, not the SM count, bound them).
+    static const int resident_pairs = [&] {
+      config.gridDim = dim3(kCluster * sm_count());
+      int clusters = 0;
+      MLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config), op);
+      return std::max(clusters, 1);
+    }();
+    const int grid = kCluster * std::min(resident_pairs, max_units);
+    if (grid <= 0) return;
+    config.gridDim = dim3(grid);
+    MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, map_a, map_w, map_a_scale, args), op);
+  }
   check_launch(op);
 }
 
@@ -847,6 +949,16 @@ bool gathers_in_producer(const Sm90MoeParams& p, bool fp8) {
   return !fp8 || p.num_tokens <= kFp8GatherMaxTokens;
 }
 
+// Pairs of CTAs sharing weight tiles (kCluster 2), for the kernels fed by
+// TMA: on by default where measured faster. H200, bench_grouped_gemm,
+// whole op (docs/sm90_gemm.md): fp8 MoE V3 470 -> 503 TFLOP/s at 4096
+// tokens, 344 -> 367 at 2048 (1024: even); bf16 MoE v2-lite at 4096 and
+// dense fp8 at M = 4096 within +-3% (those kernels are not bound by the
+// weight stream from L2), so there only on request.
+bool pairs_row_tiles(const Sm90GemmVariant& v, bool by_default) {
+  return v.cluster_m == 2 || (v.cluster_m == 0 && by_default);
+}
+
 bool fp8_overlapped(const Sm90GemmVariant& v, int k) {
   const int k_blocks = k / kFp8Group;
   return v.fp8_overlap_promotion != 0 && k_blocks >= 2 && k_blocks % 2 == 0;
@@ -886,6 +998,10 @@ void run_bf16_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) 
     g.gather_ld = int64_t(p.hidden) * 2;
     launch_gemm<T, Epilogue::kSiluInterleaved8, ASource::kGather>(unused, map_gate_up, unused, g, r.max_blocks, stream,
                                                       "sm90 moe gate_up (gathering)");
+  } else if (pairs_row_tiles(p.variant, false)) {
+    launch_gemm<T, Epilogue::kSiluInterleaved8, ASource::kTma, 2>(
+        bf16_tile_map(w.x_sorted, r.max_rows, p.hidden, T::kBlockM, "gathered x"), map_gate_up, unused, g,
+        r.max_blocks, stream, "sm90 moe gate_up");
   } else {
     launch_gemm<T, Epilogue::kSiluInterleaved8>(bf16_tile_map(w.x_sorted, r.max_rows, p.hidden, T::kBlockM, "gathered x"),
                                                 map_gate_up, unused, g, r.max_blocks, stream, "sm90 moe gate_up");
@@ -896,10 +1012,14 @@ void run_bf16_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) 
   g.w_rows = p.hidden;
   g.out = w.down;
   g.out_ld = p.hidden;
-  launch_gemm<T, Epilogue::kStore>(
-      bf16_tile_map(w.act, r.max_rows, p.inter, T::kBlockM, "activations"),
-      bf16_tile_map(w_down, int64_t(r.total_experts) * p.hidden, p.inter, kPieceRows, "down weights"), unused, g,
-      r.max_blocks, stream, "sm90 moe down");
+  const CUtensorMap map_act = bf16_tile_map(w.act, r.max_rows, p.inter, T::kBlockM, "activations");
+  const CUtensorMap map_down =
+      bf16_tile_map(w_down, int64_t(r.total_experts) * p.hidden, p.inter, kPieceRows, "down weights");
+  if (pairs_row_tiles(p.variant, false))
+    launch_gemm<T, Epilogue::kStore, ASource::kTma, 2>(map_act, map_down, unused, g, r.max_blocks, stream,
+                                                      "sm90 moe down");
+  else
+    launch_gemm<T, Epilogue::kStore>(map_act, map_down, unused, g, r.max_blocks, stream, "sm90 moe down");
 
   moe_combine_kernel<<<p.num_tokens, 128, 0, stream>>>(w.down, w.rows.position, r.slots, p.addend, p.hidden, p.out);
   check_launch("sm90 moe combine");
@@ -910,7 +1030,17 @@ template <Epilogue kEpi, ASource kA = ASource::kTma>
 void launch_fp8_gemm(const Sm90GemmVariant& v, const CUtensorMap& map_a, const CUtensorMap& map_w,
                      const CUtensorMap& map_a_scale, const GemmArgs& args, int max_m_blocks, cudaStream_t stream,
                      const char* op) {
-  if (fp8_overlapped(v, args.k))
+  const bool overlap = fp8_overlapped(v, args.k);
+  if constexpr (kA == ASource::kTma) {
+    if (pairs_row_tiles(v, true)) {
+      if (overlap)
+        launch_gemm<Fp8Tiles<true>, kEpi, kA, 2>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
+      else
+        launch_gemm<Fp8Tiles<false>, kEpi, kA, 2>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
+      return;
+    }
+  }
+  if (overlap)
     launch_gemm<Fp8Tiles<true>, kEpi, kA>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
   else
     launch_gemm<Fp8Tiles<false>, kEpi, kA>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
@@ -1065,6 +1195,16 @@ void launch_dense_fp8(const Sm90Fp8GemmParams& p, const DenseFp8Plan& plan, Gemm
   }
   const CUtensorMap map_a = fp8_tile_map(p.a, p.m, p.k, plan.block_m, "a");
   const CUtensorMap map_scale = scale_map(p.a_scale, p.a_scale_ld, p.k / kFp8Group, plan.block_m);
+  // Pairs only where a phantom tile (odd m_blocks) wastes little.
+  if (plan.block_m == 128 && plan.k_splits == 1 && m_blocks >= 4 && pairs_row_tiles(p.variant, false)) {
+    if (plan.overlap)
+      launch_gemm<Fp8Rows128<true>, Epilogue::kStore, ASource::kTma, 2>(map_a, map_w, map_scale, g, m_blocks, stream,
+                                                                        "sm90 fp8 gemm (pairs)");
+    else
+      launch_gemm<Fp8Rows128<false>, Epilogue::kStore, ASource::kTma, 2>(map_a, map_w, map_scale, g, m_blocks,
+                                                                         stream, "sm90 fp8 gemm (pairs)");
+    return;
+  }
   if (plan.block_m == 128 && plan.overlap)
     launch_gemm<Fp8Rows128<true>, Epilogue::kStore>(map_a, map_w, map_scale, g, m_blocks, stream, "sm90 fp8 gemm");
   else if (plan.block_m == 128)

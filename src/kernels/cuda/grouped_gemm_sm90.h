@@ -53,6 +53,10 @@ struct Sm90GemmVariant {
   // -1: 1 for bf16, for fp8 up to 512 tokens.
   int gather_in_producer = -1;
   int fp8_k_splits = 0;  // dense fp8 only: K ranges per output tile (f32 partials, then a sum); 0: by shape
+  // Where A comes by TMA and K is not split: 2: CTAs in clusters of two take row tiles 2i, 2i + 1 and,
+  // when both are one group's (dense: always; MoE: the same expert), load each weight tile once for
+  // both (TMA multicast); 1: one CTA a tile; 0: the measured default (2 for the fp8 MoE, else 1).
+  int cluster_m = 0;
 };
 
 // MoE experts of one layer. Slots: each token has top_k + num_shared slots;
