@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (device tool), from the repository root, with
-# .device-cuda carried (see pack.sh): device facts, the GPU tests, a
+# .device-cuda.pack carried (see pack.sh): device facts, the GPU tests, a
 # compute-sanitizer pass over them, and the kernel benchmarks. Logs go to
 # $OUT; the last lines printed are the summary.
 # Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|grouped|fp8|model|nopdl|ncu|ncudetail|engine|v3fp8|ncuv3|peer]...
@@ -19,6 +19,8 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 dir=$PWD/.device-cuda
+# pack.sh's archive, when it was carried instead of the folder.
+[ -f .device-cuda.pack/cuda.tgz ] && tar xzf .device-cuda.pack/cuda.tgz
 cublas=$(find /usr/local /usr/lib /opt -name 'libcublasLt.so.13*' 2>/dev/null | head -1)
 export LD_LIBRARY_PATH="$dir/lib:${cublas:+$(dirname "$cublas"):}${LD_LIBRARY_PATH:-}"
 steps=("$@")

@@ -2,10 +2,13 @@
 # Packs what the GPU machine needs into .device-cuda/ (git-ignored through
 # .git/info/exclude): the CUDA test and benchmark binaries from build-cuda and
 # the non-system shared libraries they link (the GPU machine has the CUDA
-# runtime and cuBLAS, but not fmt, spdlog, openblas, pcre2...).
+# runtime and cuBLAS, but not fmt, spdlog, openblas, pcre2...), and the same
+# gzipped as <dest>.pack/cuda.tgz: all binaries take ~130 MB, over the 64 MiB a
+# device call carries, the archive ~40 MB.
 # Usage: scripts/device/pack.sh [build-dir] [dest]; then run check_and_bench.sh
-# there with `carry: ["<dest>"]` (dest defaults to .device-cuda; dest names must
-# start with .device so that .git/info/exclude ignores them).
+# there with `carry: ["<dest>.pack"]` (it unpacks the archive first; dest
+# defaults to .device-cuda; dest names must start with .device so that
+# .git/info/exclude ignores them).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build-cuda}
@@ -24,4 +27,6 @@ for b in "${bins[@]}"; do
   ldd "$b" | awk '/=> \//{print $3}'
 done | sort -u | grep -v -E '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+)\.so|libcuda|libcublas|libcudart' |
   while read -r lib; do cp -L "$lib" "$dest/lib/"; done
-du -sh "$dest"
+rm -rf "$dest.pack" && mkdir -p "$dest.pack"
+tar czf "$dest.pack/cuda.tgz" "$dest"
+du -sh "$dest" "$dest.pack"
