@@ -101,16 +101,17 @@ void BM_Sm90MoeBf16(benchmark::State& state) {
   report(state, s, 2.0 * tokens * kTopK * 3.0 * kHidden * kInter, kBf16PeakTflops);
 }
 
-// V3's routed experts in block FP8, random weights and routing.
+// V3's routed experts and its shared one (stacked last) in block FP8,
+// random weights and routing.
 struct Fp8MoeData {
-  static constexpr int kExperts = 256, kHidden = 7168, kInter = 2048, kTopK = 8;
+  static constexpr int kExperts = 256, kHidden = 7168, kInter = 2048, kTopK = 8, kStacked = kExperts + 1;
   explicit Fp8MoeData(int tokens)
       : x(size_t(tokens) * kHidden * 2),
         out(size_t(tokens) * kHidden * 2),
-        gate_up(size_t(kExperts) * 2 * kInter * kHidden),
-        down(size_t(kExperts) * kHidden * kInter),
-        gate_up_scale(size_t(kExperts) * (2 * kInter / 128) * (kHidden / 128) * 4),
-        down_scale(size_t(kExperts) * (kHidden / 128) * (kInter / 128) * 4),
+        gate_up(size_t(kStacked) * 2 * kInter * kHidden),
+        down(size_t(kStacked) * kHidden * kInter),
+        gate_up_scale(size_t(kStacked) * (2 * kInter / 128) * (kHidden / 128) * 4),
+        down_scale(size_t(kStacked) * (kHidden / 128) * (kInter / 128) * 4),
         route(random_routing(tokens, kExperts, kTopK, 13)) {
     fill_random_bf16(x.get<__nv_bfloat16>(), x.bytes() / 2, 8, nullptr);
     fill_random_e4m3(gate_up.get<uint8_t>(), gate_up.bytes(), 9, nullptr);
@@ -141,9 +142,11 @@ void BM_Sm90MoeFp8(benchmark::State& state) {
   p.top_k = Fp8MoeData::kTopK;
   p.out = d.out.get<__nv_bfloat16>();
   p.variant = Sm90GemmVariant{0, int(state.range(1)), 0, int(state.range(2)), 0, int(state.range(3))};
+  p.num_shared = int(state.range(4));
   DeviceBuffer workspace(fp8_moe_experts_sm90_workspace_bytes(p));
   const double s = run_timed(state, [&] { fp8_moe_experts_sm90(p, workspace.get(), nullptr); });
-  report(state, s, 2.0 * tokens * Fp8MoeData::kTopK * 3.0 * Fp8MoeData::kHidden * Fp8MoeData::kInter,
+  report(state, s,
+         2.0 * tokens * (Fp8MoeData::kTopK + p.num_shared) * 3.0 * Fp8MoeData::kHidden * Fp8MoeData::kInter,
          kFp8PeakTflops);
 }
 
@@ -202,8 +205,9 @@ void BM_Sm90Fp8Gemm(benchmark::State& state) {
 
 // Variant sweeps (Sm90GemmVariant; 0 / -1: the default): bf16 {tokens,
 // block_m, gather in producer, cluster_m}; fp8 {tokens, overlapped
-// promotion, gather in producer, cluster_m}; dense {m, n, k, overlapped,
-// block_m, cluster_m} (cluster_m 1: a CTA a tile, 2: pairs sharing weights).
+// promotion, gather in producer, cluster_m, shared experts}; dense {m, n,
+// k, overlapped, block_m, cluster_m} (cluster_m 1: a CTA a tile, 2: pairs
+// sharing weights).
 void bf16_args(benchmark::internal::Benchmark* b) {
   for (int tokens : {256, 512, 1024, 2048, 4096}) {
     b->Args({tokens, 0, 1, 0});
@@ -213,10 +217,11 @@ void bf16_args(benchmark::internal::Benchmark* b) {
     for (int cluster : {1, 2}) b->Args({4096, block_m, 0, cluster});
 }
 void fp8_moe_args(benchmark::internal::Benchmark* b) {
-  for (int tokens : {128, 256, 512}) b->Args({tokens, 1, 1, 0});
+  for (int tokens : {128, 256, 512}) b->Args({tokens, 1, 1, 0, 0});
   for (int tokens : {1024, 2048, 4096})
-    for (int cluster : {1, 2}) b->Args({tokens, 1, 0, cluster});
-  b->Args({4096, 0, 0, 2});
+    for (int cluster : {1, 2}) b->Args({tokens, 1, 0, cluster, 0});
+  b->Args({4096, 0, 0, 2, 0});
+  for (int cluster : {1, 2}) b->Args({4096, 1, 0, cluster, 1});
 }
 // V3 shapes {n, k} at M = 4096: q_a, q_b, kv_a, o_proj, shared-expert gate_up
 // and down, dense-MLP gate_up and down.
