@@ -125,10 +125,16 @@ TEST(Fp8LinearDispatch, WithoutHopperSmallMUsesOwnKernelLargerMUsesCublasLt) {
   EXPECT_EQ(Fp8Linear::path_for(64, 576, 1000, false), Fp8GemmPath::OwnKernel) << "K not a multiple of 512";
 }
 
-TEST(Fp8LinearDispatch, OnHopperUpTo128RowsUseTheSplitKKernel) {
+TEST(Fp8LinearDispatch, OnHopperSplitKUpTo64RowsAndUpTo128ForWeightsUnder2To24Values) {
   EXPECT_EQ(Fp8Linear::path_for(1, 7168, 16384, true), Fp8GemmPath::Sm90SplitK);
   EXPECT_EQ(Fp8Linear::path_for(64, 576, 7168, true), Fp8GemmPath::Sm90SplitK);
-  EXPECT_EQ(Fp8Linear::path_for(128, 24576, 1536, true), Fp8GemmPath::Sm90SplitK);
+  EXPECT_EQ(Fp8Linear::path_for(64, 7168, 16384, true), Fp8GemmPath::Sm90SplitK);
+  EXPECT_EQ(Fp8Linear::path_for(128, 2112, 7168, true), Fp8GemmPath::Sm90SplitK) << "fused q_a / kv_a";
+  EXPECT_EQ(Fp8Linear::path_for(128, 7168, 2048, true), Fp8GemmPath::Sm90SplitK) << "shared expert down";
+  EXPECT_EQ(Fp8Linear::path_for(68, 7168, 16384, true), Fp8GemmPath::CublasLt) << "o_proj";
+  EXPECT_EQ(Fp8Linear::path_for(128, 24576, 1536, true), Fp8GemmPath::CublasLt) << "q_b";
+  EXPECT_EQ(Fp8Linear::path_for(128, 32768, 512, true), Fp8GemmPath::CublasLt) << "kv_b: 2^24 values";
+  EXPECT_EQ(Fp8Linear::path_for(66, 24576, 1536, true), Fp8GemmPath::Sm90SplitK) << "M not a multiple of 4";
   EXPECT_EQ(Fp8Linear::path_for(132, 24576, 1536, true), Fp8GemmPath::CublasLt);
   EXPECT_EQ(Fp8Linear::path_for(4, 100, 1024, true), Fp8GemmPath::OwnKernel) << "N not a multiple of 8";
   EXPECT_TRUE(Fp8Linear::quantizes_in_gemm(8, 576, 7168, true));

@@ -57,8 +57,18 @@ Sm90Fp8GemmParams sm90_params(const uint8_t* x_q, const float* x_scale, int64_t 
 
 }  // namespace
 
+// The row limits are the crossover measured on an H200 (BM_Fp8LinearSm90 vs
+// BM_Fp8LinearCublasLt at 32-128 rows, docs/perf.md session 5): at 96 and
+// 128 rows cuBLASLt took o_proj {7168, 16384} in 44-46 us against 58-59,
+// dense down {7168, 18432} 48-50 against 53-66, q_b and kv_b 2-10% less;
+// the split-K kernel kept q_a, kv_a and their fusion (8-13 us against cuBLASLt's
+// ~16 us floor), and shared down {7168, 2048} within 4%.
 Fp8GemmPath Fp8Linear::path_for(int64_t m, int64_t n, int64_t k, bool hopper) {
-  if (hopper && m <= kMaxSm90Rows && n % 8 == 0 && k % kFp8Group == 0) return Fp8GemmPath::Sm90SplitK;
+  if (hopper && m <= kMaxSm90Rows && n % 8 == 0 && k % kFp8Group == 0) {
+    const bool cublaslt_faster = m > kMaxSm90RowsLargeWeights && n * k >= kLargeWeightValues &&
+                                 Fp8CublasLtGemm::shape_allowed(m, n, k);
+    if (!cublaslt_faster) return Fp8GemmPath::Sm90SplitK;
+  }
   return m > kMaxOwnKernelRows && Fp8CublasLtGemm::shape_allowed(m, n, k) ? Fp8GemmPath::CublasLt
                                                                           : Fp8GemmPath::OwnKernel;
 }

@@ -2,11 +2,14 @@
 // A block-FP8 linear layer on quantized activations: out{M, N} bf16 =
 // dequant(x_q{M, K}) · dequant(w{N, K})ᵀ, choosing the GEMM per shape
 // (measured on the H200, docs/fp8.md):
-//   M <= 128 on Hopper -> the wgmma kernel with split K (grouped_gemm_sm90.h:
-//     M = 1 included; weights streamed by TMA from every SM; up to 8 rows it
-//     also quantizes bf16 x itself, run_bf16);
-//   M > 128 -> cuBLASLt block-scaled FP8 (its wgmma kernels: 0.9-1.1 PFLOP/s
-//     at M = 4096);
+//   M <= 64 on Hopper, and up to 128 rows for weights under 2^24 values ->
+//     the wgmma kernel with split K (grouped_gemm_sm90.h: M = 1 included;
+//     weights streamed by TMA from every SM; up to 8 rows it also quantizes
+//     bf16 x itself, run_bf16);
+//   larger M -> cuBLASLt block-scaled FP8 (its wgmma kernels: 0.9-1.1
+//     PFLOP/s at M = 4096; at 65-128 rows 10-30% faster than the split-K
+//     kernel on weights of 2^24 values and more, whose 128-row tiles then
+//     do twice the tensor work of 64-row ones for the same bytes);
 //   otherwise, or where cuBLASLt's layout rules fail -> our portable
 //     mma.sync kernel (fp8_gemm.h), which any GPU with e4m3 MMA runs.
 // The activations come from fp8_quant.h (scale_ld = fp8_act_scale_ld(M));
@@ -28,7 +31,8 @@ const char* fp8_gemm_path_name(Fp8GemmPath path);
 
 class Fp8Linear {
  public:
-  static constexpr int64_t kMaxOwnKernelRows = 8, kMaxSm90Rows = 128;
+  static constexpr int64_t kMaxOwnKernelRows = 8, kMaxSm90Rows = 128, kMaxSm90RowsLargeWeights = 64;
+  static constexpr int64_t kLargeWeightValues = int64_t(1) << 24;  // N * K from which cuBLASLt takes 65-128 rows
 
   // hopper: the device runs grouped_gemm_sm90's kernels.
   static Fp8GemmPath path_for(int64_t m, int64_t n, int64_t k, bool hopper);
