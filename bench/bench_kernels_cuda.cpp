@@ -331,7 +331,7 @@ void moe_counters(benchmark::State& state, double seconds, const MoeInputs& m, i
 }
 
 // The fused op with the shared experts folded in. Args: tokens, path (0 auto,
-// 1 grouped, 2 small), then the small path's tuning: gate_up columns per
+// 1 grouped, 2 small, 3 the Hopper kernels), then the small path's tuning: gate_up columns per
 // warp, down rows per warp (one run ranks the variants).
 // Router logits + selection at decode sizes, V2-Lite (64 experts, top-6,
 // softmax): moe_select's one launch (fused = 1) vs the skinny GEMM into f32
@@ -374,7 +374,8 @@ void BM_MoeFused(benchmark::State& state) {
   p.num_experts = kExperts;
   p.top_k = kTopK;
   p.num_shared = kShared;
-  p.path = state.range(1) == 1 ? MoePath::Grouped : state.range(1) == 2 ? MoePath::Small : MoePath::Auto;
+  const MoePath paths[] = {MoePath::Auto, MoePath::Grouped, MoePath::Small, MoePath::Sm90};
+  p.path = paths[state.range(1)];
   p.tuning.gate_up_cols_per_warp = int(state.range(2));
   p.tuning.down_rows_per_warp = int(state.range(3));
   p.out = m.out.get<__nv_bfloat16>();
@@ -445,6 +446,7 @@ BENCHMARK(BM_MoeSelect)->ArgsProduct({{1, 4, 8}, {0, 1}})->UseManualTime()->Unit
 BENCHMARK(BM_MoeFused)
     ->ArgsProduct({{1, 2, 4, 8}, {1, 2}, {4}, {8}})
     ->Args({16, 0, 4, 8})->Args({64, 0, 4, 8})->Args({512, 0, 4, 8})->Args({512, 1, 4, 8})
+    ->ArgsProduct({{32, 64, 96, 128, 192, 256}, {1, 3}, {4}, {8}})
     ->Args({4096, 0, 4, 8})->Args({4096, 1, 4, 8})
     ->ArgsProduct({{1, 4}, {2}, {1, 2, 4}, {2, 4, 8}})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);

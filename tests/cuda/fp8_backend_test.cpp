@@ -185,9 +185,9 @@ TEST_P(Fp8BackendMoe, MatchesTheBf16DequantizedPath) {
   EXPECT_LT(err, kMoeTol);
 }
 
-// 200 tokens: FP8 on the Hopper kernels (from kFp8MoeSm90MinTokens), bf16 on
-// the grouped mma.sync path (below kMoeSm90MinTokens); 600: both on the
-// Hopper kernels (on an H100/H200).
+// 7 tokens: FP8 and bf16 on the grouped mma.sync paths; 64 (the smallest
+// batch both send to them, kFp8MoeSm90MinTokens and kMoeSm90MinTokens), 200
+// and 600: on the Hopper kernels (on an H100/H200).
 INSTANTIATE_TEST_SUITE_P(Tokens, Fp8BackendMoe, ::testing::Values(1, 7, 64, 200, 600));
 
 // A whole block-FP8 checkpoint whose every linear has K a multiple of 128,

@@ -65,10 +65,11 @@ constexpr int64_t gate_up_row(int64_t i, bool is_up) { return (i / 8) * 16 + (is
 // small path to 44 / 69 / 124 us at 1 / 2 / 4). FP8 at V3 widths (BM_Fp8Moe): 129 vs
 // 188 us at 1 token, 1235 vs 784 at 8 (2-4 not measured), so it stops at 4 too.
 constexpr int kMoeSmallMaxTokens = 4, kFp8MoeSmallMaxTokens = 4, kMoeSmallMaxSlots = 16;
-// Smallest batch Auto sends to the Hopper kernels (bf16 stacks): on an H200
-// at v2-lite widths they beat the grouped mma.sync path from 256 tokens (327
-// vs 352 us; 1.8x at 4096; docs/sm90_gemm.md); 128 not measured.
-constexpr int kMoeSm90MinTokens = 256;
+// Smallest batch Auto sends to the Hopper kernels (bf16 stacks). H200,
+// v2-lite widths with the 2 shared experts (BM_MoeFused, perf.md session 5),
+// grouped mma.sync path vs Hopper kernels: 32 tokens 321 vs 326 us, 64: 344
+// vs 328, 96: 365 vs 336, 128: 399 vs 336, 256: 400 vs 341 (1.8x at 4096).
+constexpr int kMoeSm90MinTokens = 64;
 
 // The path a batch takes (shape-only, so graph-capturable decisions).
 MoePath moe_path(const MoeExpertsParams& p);
