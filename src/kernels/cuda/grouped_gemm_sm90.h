@@ -22,10 +22,10 @@
 // Only for compute capability 9.0 (sm90_gemm_supported()); the callers keep
 // their portable paths for other GPUs and for short (decode) batches, where
 // padding every expert to 128 or 64 rows wastes the work. Measured on an
-// H200 (docs/sm90_gemm.md): the bf16 path beats moe_experts()' grouped
-// mma.sync path from 256 tokens at v2-lite (327 vs 352 us), 1.8x at 4096;
-// the fp8 path beats fp8_moe_experts()' grouped path from 128 tokens of V3
-// (2.8 vs 3.0 ms; 1.8x at 512, 9x at 4096).
+// H200 (docs/sm90_gemm.md, perf.md session 5): the bf16 path beats
+// moe_experts()' grouped mma.sync path from 64 tokens at v2-lite (328 vs
+// 344 us), 1.8x at 4096; the fp8 path beats fp8_moe_experts()' grouped path
+// from 64 tokens of V3 (2.52 vs 2.62 ms; 1.8x at 512, 9x at 4096).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
