@@ -21,16 +21,20 @@ namespace mlaserve::testing {
 // A checkpoint in a fresh temporary directory, removed with the object.
 class TempCheckpoint {
  public:
-  TempCheckpoint(const std::string& preset, const std::string& dtype, uint64_t seed) {
-    dir_ = std::filesystem::temp_directory_path() /
-           fmt::format("mlaserve_model_test_{}_{}_{}_{}", preset, dtype, seed, ::getpid());
+  TempCheckpoint(const std::string& preset, const std::string& dtype, uint64_t seed)
+      : TempCheckpoint(config_of(preset, dtype), fmt::format("{}_{}", preset, dtype), seed) {}
+  // Any config (a preset's with other widths, say); `name` tells the directories apart.
+  TempCheckpoint(const ModelConfig& config, const std::string& name, uint64_t seed) {
+    dir_ = std::filesystem::temp_directory_path() / fmt::format("mlaserve_model_test_{}_{}_{}", name, seed, ::getpid());
     std::filesystem::remove_all(dir_);
+    write_random_checkpoint(config, dir_, seed);
+    ckpt_ = std::make_unique<Checkpoint>(Checkpoint::open(dir_));
+  }
+  static ModelConfig config_of(const std::string& preset, const std::string& dtype) {
     MakeModelOptions o;
     o.preset = preset;
     o.dtype = dtype;
-    o.out_dir = dir_;
-    write_random_checkpoint(make_model_config(o), dir_, seed);
-    ckpt_ = std::make_unique<Checkpoint>(Checkpoint::open(dir_));
+    return make_model_config(o);
   }
   ~TempCheckpoint() {
     ckpt_.reset();
