@@ -186,8 +186,9 @@ TEST_P(Fp8BackendMoe, MatchesTheBf16DequantizedPath) {
 }
 
 // 7 tokens: FP8 and bf16 on the grouped mma.sync paths; 64 (the smallest
-// batch both send to them, kFp8MoeSm90MinTokens and kMoeSm90MinTokens), 200
-// and 600: on the Hopper kernels (on an H100/H200).
+// batch the bf16 MoE sends to them, kMoeSm90MinTokens; FP8 from
+// kFp8MoeSm90MinTokens = 16), 200 and 600: on the Hopper kernels (on an
+// H100/H200).
 INSTANTIATE_TEST_SUITE_P(Tokens, Fp8BackendMoe, ::testing::Values(1, 7, 64, 200, 600));
 
 // A whole block-FP8 checkpoint whose every linear has K a multiple of 128,

@@ -145,12 +145,13 @@ TEST_P(Fp8Moe, MatchesHostExpertsOnDequantizedWeights) {
 
 // Grouped: 1 and 5 tokens: 8-row chunks; 64: 16-row; 300: 128-row chunks
 // (the largest tile). Small: 1, 5 (tokens sharing experts) and 8, the most it
-// takes. Auto at 64 (the smallest batch it sends to them), 300 and 301 (2
-// shared experts): the Hopper kernels on an H100/H200 (from
+// takes. Auto at 16 (the smallest batch it sends to them), 64, 300 and 301
+// (2 shared experts): the Hopper kernels on an H100/H200 (from
 // kFp8MoeSm90MinTokens), the grouped path elsewhere.
 INSTANTIATE_TEST_SUITE_P(Tokens, Fp8Moe,
                          ::testing::Values(Fp8MoeCase{1, MoePath::Grouped}, Fp8MoeCase{5, MoePath::Grouped},
-                                           Fp8MoeCase{64, MoePath::Grouped}, Fp8MoeCase{64, MoePath::Auto},
+                                           Fp8MoeCase{64, MoePath::Grouped}, Fp8MoeCase{16, MoePath::Auto},
+                                           Fp8MoeCase{64, MoePath::Auto},
                                            Fp8MoeCase{300, MoePath::Grouped},
                                            Fp8MoeCase{300, MoePath::Auto}, Fp8MoeCase{301, MoePath::Auto},
                                            Fp8MoeCase{1, MoePath::Small}, Fp8MoeCase{5, MoePath::Small},

@@ -25,7 +25,7 @@
 // H200 (docs/sm90_gemm.md, perf.md session 5): the bf16 path beats
 // moe_experts()' grouped mma.sync path from 64 tokens at v2-lite (328 vs
 // 344 us), 1.8x at 4096; the fp8 path beats fp8_moe_experts()' grouped path
-// from 64 tokens of V3 (2.52 vs 2.62 ms; 1.8x at 512, 9x at 4096).
+// from 16 tokens of V3 (1.17 vs 1.21 ms; 1.8x at 512, 9x at 4096).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
