@@ -218,7 +218,7 @@ void bf16_args(benchmark::internal::Benchmark* b) {
     for (int cluster : {1, 2}) b->Args({4096, block_m, 0, cluster});
 }
 void fp8_moe_args(benchmark::internal::Benchmark* b) {
-  for (int tokens : {16, 32, 48, 64, 96, 128, 256, 512}) b->Args({tokens, 1, 1, 0, 0});
+  for (int tokens : {6, 8, 12, 16, 32, 48, 64, 96, 128, 256, 512}) b->Args({tokens, 1, 1, 0, 0});
   for (int tokens : {1024, 2048, 4096})
     for (int cluster : {1, 2}) b->Args({tokens, 1, 0, cluster, 0});
   b->Args({4096, 0, 0, 2, 0});
@@ -238,6 +238,9 @@ void dense_args(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Sm90MoeBf16)->Apply(bf16_args)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_Sm90MoeFp8)->Apply(fp8_moe_args)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_Fp8MoeGroupedPath)
+    ->Arg(6)
+    ->Arg(8)
+    ->Arg(12)
     ->Arg(16)
     ->Arg(32)
     ->Arg(48)

@@ -42,9 +42,10 @@ struct Fp8MoeParams : MoeBatch {
 
 // Smallest batch Auto sends to the Hopper kernels (grouped_gemm_sm90.h).
 // Measured at V3 widths on an H200 (docs/sm90_gemm.md, perf.md session 5),
-// grouped path vs Hopper kernels (medians): 16 tokens 1.21 ms vs 1.17, 32:
-// 1.92 vs 1.81, 48: 2.31 vs 2.18, 64: 2.62 vs 2.49, 96: 2.89 vs 2.76, 128:
-// 3.03 vs 2.87, 256: 4.06 vs 2.95, 512: 5.35 vs 2.99 (below 16 not measured).
+// grouped path vs Hopper kernels (medians): 6 tokens 0.58 ms vs 0.60, 8:
+// 0.72 vs 0.73, 12: 0.99 vs 0.97, 16: 1.21 vs 1.17, 32: 1.92 vs 1.81, 48:
+// 2.31 vs 2.18, 64: 2.62 vs 2.49, 96: 2.89 vs 2.76, 128: 3.03 vs 2.87, 256:
+// 4.06 vs 2.95, 512: 5.35 vs 2.99. They cross near 10.
 // Both stream all expert weights; the grouped path is conversion-bound once
 // rows pass decode sizes. (v3-slice decode at bs 96 took 9.0 ms a step on
 // the grouped path against 8.5 at bs 128 on these kernels.)
