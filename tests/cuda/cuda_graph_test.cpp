@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <span>
 #include <string>
 
 #include "../model/model_fixture.h"
@@ -22,7 +23,9 @@ namespace {
 constexpr int32_t kBase[2] = {0, 100};
 constexpr int kSlots = 256, kScratch = 255;
 
-ForwardBatch decode_batch(const std::vector<int32_t>& tokens, const std::vector<int32_t>& lengths) {
+// One new token per sequence s, whose cache rows start at slot base(s).
+template <typename Base>
+ForwardBatch decode_batch(const std::vector<int32_t>& tokens, const std::vector<int32_t>& lengths, Base base) {
   ForwardBatch b;
   b.q_indptr = {0};
   b.kv_indptr = {0};
@@ -30,13 +33,23 @@ ForwardBatch decode_batch(const std::vector<int32_t>& tokens, const std::vector<
     const int32_t pos = lengths[s];  // the new token's position
     b.input_ids.push_back(tokens[s]);
     b.positions.push_back(pos);
-    b.out_slots.push_back(kBase[s] + pos);
+    b.out_slots.push_back(base(s) + pos);
     b.q_indptr.push_back(b.q_indptr.back() + 1);
-    for (int32_t j = 0; j <= pos; ++j) b.kv_slots.push_back(kBase[s] + j);
+    for (int32_t j = 0; j <= pos; ++j) b.kv_slots.push_back(base(s) + j);
     b.kv_indptr.push_back(int32_t(b.kv_slots.size()));
     b.logit_rows.push_back(int32_t(s));
   }
   return b;
+}
+
+// ||graph - eager|| / ||eager|| of one logits row, in double.
+double row_rel_l2(std::span<const float> graph, std::span<const float> eager) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < eager.size(); ++i) {
+    num += (double(graph[i]) - eager[i]) * (double(graph[i]) - eager[i]);
+    den += double(eager[i]) * eager[i];
+  }
+  return std::sqrt(num / den);
 }
 
 ForwardBatch prefill_batch(const std::vector<int32_t>& ids, int seq) {
@@ -79,19 +92,14 @@ TEST(CudaGraph, ReplayEqualsEagerAndDoesNotAllocate) {
     // One sequence on even steps (graph of 1), both on odd steps (padded to 4).
     const int n = step % 2 ? 2 : 1;
     const std::vector<int32_t> t(tokens.begin(), tokens.begin() + n), len(lengths.begin(), lengths.begin() + n);
-    const ForwardBatch b = decode_batch(t, len);
+    const ForwardBatch b = decode_batch(t, len, [](size_t s) { return kBase[s]; });
     ASSERT_TRUE(runner->can_replay(b));
     const auto eager = mlaserve::testing::to_logits(*backend, model.forward(b, eager_cache));
     const auto graph = mlaserve::testing::to_logits(*backend, runner->replay(b));
     ASSERT_EQ(graph.rows, n);
     for (int s = 0; s < n; ++s) {
       const auto e = eager.row(s), g = graph.row(s);
-      double num = 0, den = 0;
-      for (size_t i = 0; i < e.size(); ++i) {
-        num += (double(g[i]) - e[i]) * (double(g[i]) - e[i]);
-        den += double(e[i]) * e[i];
-      }
-      const double rel = std::sqrt(num / den);
+      const double rel = row_rel_l2(g, e);
       std::printf("[cuda-graph] step %d seq %d (graph of %d): rel_l2 vs eager %.2e\n", step, s, n == 1 ? 1 : 4, rel);
       // Same kernels on the same data; only the split-KV plan can differ.
       EXPECT_LT(rel, 5e-3);
@@ -161,18 +169,10 @@ TEST(CudaGraph, ReplayEqualsEagerOnTheHopperMoeKernels) {
     model.forward(prefill, eager_cache);
     const auto first = mlaserve::testing::to_logits(*backend, model.forward(prefill, graph_cache));
 
-    ForwardBatch decode;
-    decode.q_indptr = {0};
-    decode.kv_indptr = {0};
-    for (int s = 0; s < kSeqs; ++s) {
-      decode.input_ids.push_back(mlaserve::testing::argmax(first.row(s)));
-      decode.positions.push_back(kPrompt);
-      decode.out_slots.push_back(s * kSlotsPerSeq + kPrompt);
-      for (int j = 0; j <= kPrompt; ++j) decode.kv_slots.push_back(s * kSlotsPerSeq + j);
-      decode.q_indptr.push_back(s + 1);
-      decode.kv_indptr.push_back(int32_t(decode.kv_slots.size()));
-      decode.logit_rows.push_back(s);
-    }
+    std::vector<int32_t> tokens;
+    for (int s = 0; s < kSeqs; ++s) tokens.push_back(mlaserve::testing::argmax(first.row(s)));
+    const ForwardBatch decode = decode_batch(tokens, std::vector<int32_t>(kSeqs, kPrompt),
+                                             [](size_t s) { return int32_t(s) * kSlotsPerSeq; });
     DecodeGraphOptions opt;
     opt.batch_sizes = {kSeqs};
     opt.max_kv_len = kSlotsPerSeq;
@@ -187,12 +187,7 @@ TEST(CudaGraph, ReplayEqualsEagerOnTheHopperMoeKernels) {
     double worst = 0;
     for (int s = 0; s < kSeqs; ++s) {
       const auto e = eager.row(s), g = graph.row(s);
-      double num = 0, den = 0;
-      for (size_t i = 0; i < e.size(); ++i) {
-        num += (double(g[i]) - e[i]) * (double(g[i]) - e[i]);
-        den += double(e[i]) * e[i];
-      }
-      worst = std::max(worst, std::sqrt(num / den));
+      worst = std::max(worst, row_rel_l2(g, e));
       EXPECT_EQ(mlaserve::testing::argmax(g), mlaserve::testing::argmax(e)) << "sequence " << s;
     }
     std::printf("[cuda-graph] %s, 64 sequences on the Hopper MoE kernels: worst rel_l2 vs eager %.2e\n",
