@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <span>
 #include <string>
 
 #include "../model/model_fixture.h"
@@ -40,16 +39,6 @@ ForwardBatch decode_batch(const std::vector<int32_t>& tokens, const std::vector<
     b.logit_rows.push_back(int32_t(s));
   }
   return b;
-}
-
-// ||graph - eager|| / ||eager|| of one logits row, in double.
-double row_rel_l2(std::span<const float> graph, std::span<const float> eager) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < eager.size(); ++i) {
-    num += (double(graph[i]) - eager[i]) * (double(graph[i]) - eager[i]);
-    den += double(eager[i]) * eager[i];
-  }
-  return std::sqrt(num / den);
 }
 
 ForwardBatch prefill_batch(const std::vector<int32_t>& ids, int seq) {
@@ -99,7 +88,7 @@ TEST(CudaGraph, ReplayEqualsEagerAndDoesNotAllocate) {
     ASSERT_EQ(graph.rows, n);
     for (int s = 0; s < n; ++s) {
       const auto e = eager.row(s), g = graph.row(s);
-      const double rel = row_rel_l2(g, e);
+      const double rel = mlaserve::testing::row_rel_l2(g, e);
       std::printf("[cuda-graph] step %d seq %d (graph of %d): rel_l2 vs eager %.2e\n", step, s, n == 1 ? 1 : 4, rel);
       // Same kernels on the same data; only the split-KV plan can differ.
       EXPECT_LT(rel, 5e-3);
@@ -187,7 +176,7 @@ TEST(CudaGraph, ReplayEqualsEagerOnTheHopperMoeKernels) {
     double worst = 0;
     for (int s = 0; s < kSeqs; ++s) {
       const auto e = eager.row(s), g = graph.row(s);
-      worst = std::max(worst, row_rel_l2(g, e));
+      worst = std::max(worst, mlaserve::testing::row_rel_l2(g, e));
       EXPECT_EQ(mlaserve::testing::argmax(g), mlaserve::testing::argmax(e)) << "sequence " << s;
     }
     std::printf("[cuda-graph] %s, 64 sequences on the Hopper MoE kernels: worst rel_l2 vs eager %.2e\n",

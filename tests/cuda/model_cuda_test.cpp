@@ -17,6 +17,7 @@ namespace mlaserve::cuda::testing {
 namespace {
 
 using mlaserve::testing::Logits;
+using mlaserve::testing::row_rel_l2;
 using mlaserve::testing::TempCheckpoint;
 
 // bf16 activations through every layer: per-row relative L2 of the logits
@@ -44,15 +45,6 @@ struct RowErrors {
     EXPECT_LT(worst, kMaxRelL2) << what;
   }
 };
-
-double row_rel_l2(std::span<const float> a, std::span<const float> ref) {
-  double n = 0, d = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    n += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
-    d += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(n / d);
-}
 
 double top2_gap(std::span<const float> row) {
   float a = -INFINITY, b = -INFINITY;

@@ -4,6 +4,8 @@
 // weights), and helpers to run a model over one sequence.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <span>
@@ -71,6 +73,16 @@ inline double max_abs_diff(std::span<const float> a, std::span<const float> b) {
   double m = 0;
   for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - double(b[i])));
   return m;
+}
+
+// ||a - ref|| / ||ref|| of one row, in double.
+inline double row_rel_l2(std::span<const float> a, std::span<const float> ref) {
+  double n = 0, d = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    n += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
+    d += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(n / d);
 }
 
 inline int32_t argmax(std::span<const float> row) {

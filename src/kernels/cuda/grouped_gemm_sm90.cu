@@ -116,9 +116,9 @@ struct GemmArgs {
   float* partials = nullptr;
 };
 
-// Consecutive tiles walk the columns of a band of kBand row blocks (rows of
-// pair units hold two), so the CTAs running at once share a few weight
-// tiles and a few A row blocks in L2.
+// Consecutive tiles walk the columns of a band of band_size row tiles (kBand
+// for single CTAs; pairs use bands of one, see sm90_gemm_kernel), so the CTAs
+// running at once share a few weight tiles and a few A row blocks in L2.
 constexpr int kBand = 16;
 
 __device__ __forceinline__ void tile_coords(int tile, int m_blocks, int n_tiles, int band_size, int& mb, int& nb) {
