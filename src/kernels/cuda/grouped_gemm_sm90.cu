@@ -951,10 +951,11 @@ bool gathers_in_producer(const Sm90MoeParams& p, bool fp8) {
 
 // Pairs of CTAs sharing weight tiles (kCluster 2), for the kernels fed by
 // TMA: on by default where measured faster. H200, bench_grouped_gemm,
-// whole op (docs/sm90_gemm.md): fp8 MoE V3 470 -> 503 TFLOP/s at 4096
-// tokens, 344 -> 367 at 2048 (1024: even); bf16 MoE v2-lite at 4096 and
-// dense fp8 at M = 4096 within +-3% (those kernels are not bound by the
-// weight stream from L2), so there only on request.
+// whole op (perf.md session 5): fp8 MoE V3 477 -> 492 TFLOP/s at 4096
+// tokens (two runs each), 331-344 -> 346-367 at 2048 (1024: even). Dense
+// fp8 at M = 4096 lost 0-11% on the large shapes in pairs and the bf16 MoE
+// at 4096 moved within +-3% (those kernels are not bound by the weight
+// stream from L2), so there only on request.
 bool pairs_row_tiles(const Sm90GemmVariant& v, bool by_default) {
   return v.cluster_m == 2 || (v.cluster_m == 0 && by_default);
 }
