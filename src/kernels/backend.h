@@ -118,6 +118,21 @@ struct MlaPrepare {
   float eps = 1e-6f;
 };
 
+// The absorbed MLA of a decode step from the block's normed input to
+// o_proj's output (Backend::mla_decode_chain): the same function as
+// model/mla_attention.cpp's op sequence (fused q / kv_a projection, latent
+// write, q_nope·W_UK, attention, ·W_UV, o_proj) for models without q_lora.
+struct MlaDecodeChain {
+  Tensor h;                        // {T, D}
+  const Weight* qkv_a = nullptr;   // rows [q_proj {H (Dn + R)} | kv_a_proj_with_mqa {L + R}], K = D
+  Tensor kv_norm;                  // {L}
+  Tensor w_uk, w_uv;               // {H, Dn, L}, {H, Dv, L}
+  const Weight* o_proj = nullptr;  // {D, H Dv}
+  Tensor cache;                    // {S, L + R}
+  Tensor inv_freq;                 // {R / 2}
+  float cos_sin_scale = 1.0f, eps = 1e-6f, softmax_scale = 1.0f;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -208,6 +223,13 @@ class Backend {
   // by all H query heads, causal per ForwardBatch (kv_slots order).
   virtual void mla_attention_absorbed(const Tensor& q, const Tensor& cache, const DeviceBatch& batch,
                                       float scale, Tensor out) = 0;
+  // The whole chain of MlaDecodeChain as one op where the backend has it for
+  // this batch and these widths (CUDA: one token, V2-Lite widths, bf16):
+  // returns true having written out{T, D} and the cache row. Returns false
+  // having done nothing, and the model runs the ops one by one.
+  virtual bool mla_decode_chain(const MlaDecodeChain& /*chain*/, const DeviceBatch& /*batch*/, Tensor /*out*/) {
+    return false;
+  }
   // Non-absorbed MLA (prefill/extend): q{T, H, Dn + R}; kv{Lk, H, Dn + Dv} is
   // kv_b_proj's output [k_nope | v] per head and k_pe{Lk, R} the roped key,
   // both for the batch's kv tokens in kv_slots order (Lk = total kv tokens);

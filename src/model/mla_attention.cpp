@@ -12,6 +12,21 @@ void mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
   const int64_t T = h.dim(0), H = c.num_attention_heads, L = c.kv_lora_rank, R = c.qk_rope_head_dim;
   const int64_t Dn = c.qk_nope_head_dim, Dv = c.v_head_dim, Nq = H * (Dn + R);
   const DType act = backend.act_dtype();
+  if (absorbed && w.fused_qkv_a_proj && !c.q_lora_rank) {
+    MlaDecodeChain chain;
+    chain.h = h;
+    chain.qkv_a = &*w.fused_qkv_a_proj;
+    chain.kv_norm = w.kv_a_layernorm;
+    chain.w_uk = w.w_uk;
+    chain.w_uv = w.w_uv;
+    chain.o_proj = &w.o_proj;
+    chain.cache = cache;
+    chain.inv_freq = ctx.inv_freq;
+    chain.cos_sin_scale = ctx.cos_sin_scale;
+    chain.eps = kLatentNormEps;
+    chain.softmax_scale = ctx.softmax_scale;
+    if (backend.mla_decode_chain(chain, batch, out)) return;
+  }
   auto prepare = [&](const MlaPrepare& p) {
     backend.mla_prepare(p, batch.positions, batch.out_slots, ctx.inv_freq, ctx.cos_sin_scale);
   };

@@ -16,6 +16,7 @@
 #include "kernels/cuda/fp8_moe.h"
 #include "kernels/cuda/fp8_quant.h"
 #include "kernels/cuda/mla_absorbed.h"
+#include "kernels/cuda/mla_decode_chain.h"
 #include "kernels/cuda/mla_expanded.h"
 #include "kernels/cuda/mla_prepare.h"
 #include "kernels/cuda/moe_experts.h"
@@ -100,14 +101,26 @@ bool fp8_weights_from_env() {
   return !(v && std::strcmp(v, "0") == 0);
 }
 
+// On unless MLASERVE_MLA_CHAIN=0, which keeps the op-by-op absorbed MLA at
+// one token (to measure what the fused chain buys).
+bool mla_chain_from_env() {
+  const char* v = std::getenv("MLASERVE_MLA_CHAIN");
+  return !(v && std::strcmp(v, "0") == 0);
+}
+
 }  // namespace
 
-CudaBackend::CudaBackend() : allocator_(std::make_shared<DeviceAllocator>()), fp8_weights_(fp8_weights_from_env()) {
+CudaBackend::CudaBackend()
+    : allocator_(std::make_shared<DeviceAllocator>()),
+      fp8_weights_(fp8_weights_from_env()),
+      mla_chain_(mla_chain_from_env()) {
   MLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "backend start-up");
   MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, 0), "backend start-up");
   gemm_ = std::make_unique<CublasLtGemm>();
   fp8_linear_ = std::make_unique<Fp8Linear>();
   moe_select_ws_ = std::make_unique<MoeSelectWorkspace>();
+  mla_chain_barrier_ = DeviceBuffer(2 * sizeof(unsigned));
+  MLA_CUDA_CHECK(cudaMemset(mla_chain_barrier_.get(), 0, mla_chain_barrier_.bytes()), "backend start-up");
   pinned_bytes_ = size_t(1) << 20;
   MLA_CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_), "backend start-up");
   MLA_CUDA_CHECK(cudaEventCreateWithFlags(&staging_free_, cudaEventDisableTiming), "backend start-up");
@@ -682,6 +695,44 @@ void CudaBackend::mla_attention_absorbed(const Tensor& q, const Tensor& cache, c
     p.partial_lse = p.partial_out + size_t(p.num_splits) * T * H * L;
   }
   cuda::mla_attention_absorbed(p, stream_);
+}
+
+bool CudaBackend::mla_decode_chain(const MlaDecodeChain& c, const DeviceBatch& batch, Tensor out) {
+  if (!mla_chain_ || batch.num_tokens != 1 || batch.num_seqs != 1) return false;
+  const Weight &qkv = *c.qkv_a, &o = *c.o_proj;
+  if (qkv.is_fp8() || o.is_fp8() || c.cache.dtype() != DType::BF16) return false;
+  const int64_t D = c.h.dim(-1), H = c.w_uk.dim(0), Dn = c.w_uk.dim(1), L = c.w_uk.dim(2), Dv = c.w_uv.dim(1);
+  const int64_t R = 2 * c.inv_freq.numel();
+  MLA_CHECK(qkv.out_features() == H * (Dn + R) + L + R && qkv.in_features() == D && o.out_features() == D &&
+                o.in_features() == H * Dv && c.cache.dim(-1) == L + R && c.kv_norm.numel() == L &&
+                out.shape() == c.h.shape(),
+            "mla_decode_chain: h {}, qkv_a {}, w_uk {}, w_uv {}, o_proj {}, cache {}, out {}", shape_str(c.h.shape()),
+            shape_str(qkv.w.shape()), shape_str(c.w_uk.shape()), shape_str(c.w_uv.shape()), shape_str(o.w.shape()),
+            shape_str(c.cache.shape()), shape_str(out.shape()));
+  if (!mla_decode_chain_applies({int(D), int(H), int(Dn), int(R), int(L), int(Dv)}, sm_count_)) return false;
+  MlaDecodeChainParams p;
+  p.h = bf(c.h, "mla_decode_chain", "h");
+  p.w_qkv = as_bf16(qkv.w, "mla_decode_chain");
+  p.kv_norm = as_bf16(c.kv_norm, "mla_decode_chain");
+  p.w_uk = as_bf16(c.w_uk, "mla_decode_chain");
+  p.w_uv = as_bf16(c.w_uv, "mla_decode_chain");
+  p.w_o = as_bf16(o.w, "mla_decode_chain");
+  p.cache = bf(c.cache, "mla_decode_chain", "cache");
+  p.positions = i32(batch.positions, "mla_decode_chain", "positions");
+  p.out_slots = i32(batch.out_slots, "mla_decode_chain", "out_slots");
+  p.kv_indptr = i32(batch.kv_indptr, "mla_decode_chain", "kv_indptr");
+  p.kv_slots = i32(batch.kv_slots, "mla_decode_chain", "kv_slots");
+  check_dev(c.inv_freq, DType::F32, "mla_decode_chain", "inv_freq");
+  p.inv_freq = c.inv_freq.data<float>();
+  p.cos_sin_scale = c.cos_sin_scale;
+  p.eps = c.eps;
+  p.softmax_scale = c.softmax_scale;
+  p.out = bf(out, "mla_decode_chain", "out");
+  Tensor scratch = alloc({int64_t(mla_decode_chain_scratch_bytes(sm_count_))}, DType::U8);
+  p.scratch = scratch.raw();
+  p.barrier = mla_chain_barrier_.get<unsigned>();
+  cuda::mla_decode_chain(p, sm_count_, stream_);
+  return true;
 }
 
 void CudaBackend::mla_attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& k_pe,

@@ -13,6 +13,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cuda/device_allocator.h"
+#include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm_cublaslt.h"
 
 namespace mlaserve::cuda {
@@ -56,6 +57,7 @@ class CudaBackend final : public Backend {
                               Tensor out) override;
   void mla_attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& k_pe, const DeviceBatch& batch,
                               float scale, Tensor out) override;
+  bool mla_decode_chain(const MlaDecodeChain& chain, const DeviceBatch& batch, Tensor out) override;
   void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& p, Tensor topk_ids,
                  Tensor topk_weights) override;
   void moe_select(const Tensor& h, const Weight& router, const Tensor& bias, const RouterParams& p,
@@ -69,6 +71,9 @@ class CudaBackend final : public Backend {
   // weights in FP8 (default: on unless MLASERVE_FP8=0).
   void set_fp8_weights(bool on) { fp8_weights_ = on; }
   bool fp8_weights() const { return fp8_weights_; }
+  // Whether one-token absorbed MLA runs as one kernel where the widths allow
+  // (default: on unless MLASERVE_MLA_CHAIN=0).
+  void set_mla_chain(bool on) { mla_chain_ = on; }
 
   cudaStream_t stream() const { return stream_; }
   DeviceAllocator& allocator() { return *allocator_; }
@@ -107,6 +112,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Fp8Linear> fp8_linear_;
   std::unique_ptr<MoeSelectWorkspace> moe_select_ws_;
   bool fp8_weights_ = true;
+  bool mla_chain_ = true;
+  DeviceBuffer mla_chain_barrier_;  // the chain kernel's grid barrier (arrival count, generation)
   std::unordered_map<const void*, Tensor> bf16_copies_;
   void* pinned_ = nullptr;  // host staging for prepare_batch uploads
   size_t pinned_bytes_ = 0;

@@ -1,0 +1,510 @@
+#include "kernels/cuda/mla_decode_chain.h"
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/cuda/bf16_vec.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/grouped_gemm_sm90.cuh"
+#include "kernels/cuda/mma_sm80.cuh"
+#include "kernels/cuda/pdl.cuh"
+
+namespace mlaserve::cuda {
+namespace {
+
+constexpr int kD = 2048, kH = 16, kDn = 128, kR = 64, kL = 512, kDv = 128;
+constexpr int kRow = kL + kR;                         // a latent cache row
+constexpr int kQkvRows = kH * (kDn + kR) + kL + kR;   // fused q / kv_a outputs
+constexpr int kKvCol = kH * (kDn + kR);               // kv_a's first column in qkv
+constexpr int kUkCols = 64;                           // W_UK output columns of one unit
+constexpr int kUkUnits = kH * (kL / kUkCols);
+constexpr int kAttnWidth = kH * kDv;                  // W_UV rows, o_proj's K
+constexpr int kThreads = 256, kWarps = kThreads / 32;
+constexpr int kChunks = kD / 256;                     // 16-byte chunks a lane holds of h
+constexpr int kAttnChunks = kAttnWidth / 256;         // and of attn
+constexpr int kMaxGrid = 256;
+
+// Attention tiles: 32 latent rows; rows padded to 73 16-byte chunks (odd) so
+// the 8 rows an ldmatrix phase reads fall in 8 distinct bank groups.
+constexpr int kTile = 32, kPitch = kRow + 8, kPPitch = kTile + 8;
+constexpr int kRowChunks = kRow / 8;
+
+constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// Byte offsets of the dynamic shared-memory regions of a block.
+struct Layout {
+  int qkv_rows, uk_units, uv_rows, o_rows;
+  size_t uk, uv, o, total;
+};
+
+constexpr size_t kAttnBytes = sizeof(__nv_bfloat16) * (kH * kPitch + 2 * kTile * kPitch + kH * kPPitch) +
+                              sizeof(float) * (kH * kTile + 4 * 32 * 4);
+
+__host__ __device__ inline Layout layout_for(int grid) {
+  Layout l{};
+  l.qkv_rows = ceil_div(kQkvRows, grid);
+  l.uk_units = ceil_div(kUkUnits, grid);
+  l.uv_rows = ceil_div(kAttnWidth, grid);
+  l.o_rows = ceil_div(kD, grid);
+  const size_t a = sizeof(__nv_bfloat16) * size_t(l.qkv_rows) * kD;
+  l.uk = (a > kAttnBytes ? a : kAttnBytes);
+  l.uv = l.uk + sizeof(__nv_bfloat16) * size_t(l.uk_units) * kDn * kUkCols;
+  l.o = l.uv + sizeof(__nv_bfloat16) * size_t(l.uv_rows) * kL;
+  l.total = l.o + sizeof(__nv_bfloat16) * size_t(l.o_rows) * kAttnWidth;
+  return l;
+}
+
+// Scratch: qkv{kQkvRows} and q_cat{H, L + R}, attn{H Dv} (bf16), then the
+// attention partials o{grid, H, L} and (m, l){grid, H} (f32).
+struct Scratch {
+  __nv_bfloat16 *qkv, *q_cat, *attn;
+  float *partial_o, *partial_ml;
+};
+__host__ __device__ inline size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+__host__ __device__ inline Scratch carve(void* base, int grid, size_t* bytes) {
+  auto* b = static_cast<char*>(base);
+  size_t off = 0;
+  auto take = [&](size_t n) {
+    char* r = b ? b + off : nullptr;
+    off += align256(n);
+    return r;
+  };
+  Scratch s;
+  s.qkv = reinterpret_cast<__nv_bfloat16*>(take(2 * kQkvRows));
+  s.q_cat = reinterpret_cast<__nv_bfloat16*>(take(2 * kH * kRow));
+  s.attn = reinterpret_cast<__nv_bfloat16*>(take(2 * kAttnWidth));
+  s.partial_o = reinterpret_cast<float*>(take(4 * size_t(grid) * kH * kL));
+  s.partial_ml = reinterpret_cast<float*>(take(4 * size_t(grid) * kH * 2));
+  if (bytes) *bytes = off;
+  return s;
+}
+
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          sm90::smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(sm90::smem_u32(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void store_release(unsigned* p, unsigned v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Every block of the grid arrives before any leaves; writes before it are
+// visible after it (read them with ld.global.cg: L1 is not coherent).
+// barrier[0] counts arrivals and returns to 0; barrier[1] is the generation.
+// A block that waits far beyond any real phase traps instead of hanging.
+__device__ void grid_barrier(unsigned* barrier) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned generation = load_acquire(barrier + 1);
+    __threadfence();
+    if (atomicAdd(barrier, 1u) == gridDim.x - 1) {
+      atomicExch(barrier, 0u);
+      store_release(barrier + 1, generation + 1);
+    } else {
+      long long spins = 0;
+      while (load_acquire(barrier + 1) == generation)
+        if (++spins > (1ll << 22)) __trap();  // seconds: a real phase takes microseconds
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// 8 bf16 of global memory written earlier in this kernel (L2, not L1).
+__device__ __forceinline__ uint4 load_cg(const __nv_bfloat16* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
+
+__device__ __forceinline__ float dot8(uint4 w, uint4 x) {
+  const auto* wp = reinterpret_cast<const __nv_bfloat162*>(&w);
+  const auto* xp = reinterpret_cast<const __nv_bfloat162*>(&x);
+  float acc = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 a = __bfloat1622float2(wp[i]), b = __bfloat1622float2(xp[i]);
+    acc = fmaf(a.x, b.x, acc);
+    acc = fmaf(a.y, b.y, acc);
+  }
+  return acc;
+}
+
+// out[r] = x · w[r] for the rows [0, rows) of w in shared memory ({rows, K}
+// bf16), x held by each lane as its K / 256 chunks; a warp a row.
+template <int kK>
+__device__ __forceinline__ void rows_times_vector(const __nv_bfloat16* w, int rows, const uint4 (&x)[kK / 256],
+                                                  __nv_bfloat16* out) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int r = warp; r < rows; r += kWarps) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kK / 256; ++c)
+      acc += dot8(*reinterpret_cast<const uint4*>(w + size_t(r) * kK + c * 256 + lane * 8), x[c]);
+    acc = warp_sum(acc);
+    if (lane == 0) out[r] = __float2bfloat16(acc);
+  }
+}
+
+// cs = {cos, sin} * cos_sin_scale of the token's angles, as mla_prepare forms them.
+__device__ void rope_table(const MlaDecodeChainParams& p, float* cs) {
+  const float pos = float(p.positions[0]);
+  for (int i = threadIdx.x; i < kR / 2; i += blockDim.x) {
+    float s, c;
+    sincosf(pos * p.inv_freq[i], &s, &c);
+    cs[2 * i] = c * p.cos_sin_scale;
+    cs[2 * i + 1] = s * p.cos_sin_scale;
+  }
+}
+
+__device__ __forceinline__ void rotate_pair(const __nv_bfloat16* src, const float* cs, int i, __nv_bfloat16* dst) {
+  const float a = __bfloat162float(__ldcg(src + 2 * i)), b = __bfloat162float(__ldcg(src + 2 * i + 1));
+  const float c = cs[2 * i], s = cs[2 * i + 1];
+  dst[2 * i] = __float2bfloat16_rn(a * c - b * s);
+  dst[2 * i + 1] = __float2bfloat16_rn(b * c + a * s);
+}
+
+// Phase 2's side work (the last block): the latent row into the cache and
+// every head's roped q_pe into q_cat.
+__device__ void latent_write_and_q_pe(const MlaDecodeChainParams& p, const Scratch& s, float* cs) {
+  rope_table(p, cs);
+  const __nv_bfloat16* kv = s.qkv + kKvCol;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < kL; i += blockDim.x) {
+    const float v = __bfloat162float(__ldcg(kv + i));
+    ss += v * v;
+  }
+  const float inv_rms = rsqrtf(block_sum(ss) / float(kL) + p.eps);  // block_sum syncs: cs is ready too
+  __nv_bfloat16* row = p.cache + int64_t(p.out_slots[0]) * kRow;
+  for (int i = threadIdx.x; i < kL; i += blockDim.x)
+    row[i] = __float2bfloat16_rn(__bfloat162float(__ldcg(kv + i)) * inv_rms * __bfloat162float(p.kv_norm[i]));
+  for (int i = threadIdx.x; i < kR / 2; i += blockDim.x) rotate_pair(kv + kL, cs, i, row + kL);
+  for (int i = threadIdx.x; i < kH * kR / 2; i += blockDim.x) {
+    const int h = i / (kR / 2), f = i % (kR / 2);
+    rotate_pair(s.qkv + h * (kDn + kR) + kDn, cs, f, s.q_cat + h * kRow + kL);
+  }
+}
+
+// q_cat[h, l0 + j] = sum_d q_nope[h, d] · W_UK[h, d, l0 + j] for one unit,
+// its weights w{Dn, 64} in shared memory. Threads: 64 columns x 4 d-quarters.
+__device__ void uk_unit(const Scratch& s, int unit, const __nv_bfloat16* w, float* q_s, float* sum_s) {
+  const int h = unit / (kL / kUkCols), l0 = unit % (kL / kUkCols) * kUkCols;
+  for (int d = threadIdx.x; d < kDn; d += blockDim.x) q_s[d] = __bfloat162float(__ldcg(s.qkv + h * (kDn + kR) + d));
+  __syncthreads();
+  const int j = threadIdx.x % kUkCols, quarter = threadIdx.x / kUkCols;
+  constexpr int kPerQuarter = kDn / (kThreads / kUkCols);
+  float acc = 0.0f;
+#pragma unroll 8
+  for (int d = quarter * kPerQuarter; d < (quarter + 1) * kPerQuarter; ++d)
+    acc = fmaf(q_s[d], __bfloat162float(w[d * kUkCols + j]), acc);
+  sum_s[quarter * kUkCols + j] = acc;
+  __syncthreads();
+  if (threadIdx.x < kUkCols) {
+    float v = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kThreads / kUkCols; ++q) v += sum_s[q * kUkCols + threadIdx.x];
+    s.q_cat[h * kRow + l0 + threadIdx.x] = __float2bfloat16(v);
+  }
+  __syncthreads();  // q_s and sum_s are reused by the next unit
+}
+
+// Phase 3 for one split: rows [row0, row0 + rows) of the context, all 16
+// heads. Unnormalized output and (max, sum) of the block's softmax (log2
+// domain) go to the partials. Warps: scores as a 4 (8-row groups) x 2 (dim
+// halves) grid, then each warp owns 64 of the 512 output dims.
+__device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s, uint8_t* smem, int split, int row0,
+                                int rows) {
+  auto* q_s = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* k_s = q_s + kH * kPitch;   // [2][kTile][kPitch]
+  __nv_bfloat16* p_s = k_s + 2 * kTile * kPitch;  // [kH][kPPitch]
+  auto* score_s = reinterpret_cast<float*>(p_s + kH * kPPitch);  // [kH][kTile]
+  float* exchange = score_s + kH * kTile;  // [4][32][4]
+  __shared__ float m_run[kH], l_run[kH], alpha_s[kH];
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, c4 = lane % 4;
+  const int kv_begin = p.kv_indptr[0];
+  for (int i = tid; i < kH * kRowChunks; i += kThreads) {
+    const int r = i / kRowChunks, c = i % kRowChunks;
+    cp_async_16(q_s + r * kPitch + c * 8, s.q_cat + r * kRow + c * 8);
+  }
+  auto load_tile = [&](int tile, int stage) {
+    for (int i = tid; i < kTile * kRowChunks; i += kThreads) {
+      const int r = i / kRowChunks, c = i % kRowChunks, row = tile * kTile + r;
+      const bool valid = row < rows;
+      const int64_t slot = valid ? p.kv_slots[kv_begin + row0 + row] : 0;
+      cp_async_16(k_s + (stage * kTile + r) * kPitch + c * 8, p.cache + slot * kRow + c * 8, valid ? 16 : 0);
+    }
+  };
+  load_tile(0, 0);
+  cp_async_commit();
+  if (tid < kH) m_run[tid] = -INFINITY, l_run[tid] = 0.0f;
+
+  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  const int n_tile = warp % 4, k_half = warp / 4;
+  float o[8][4] = {};
+  const int tiles = ceil_div(rows, kTile);
+  for (int t = 0; t < tiles; ++t) {
+    if (t + 1 < tiles) {
+      load_tile(t + 1, (t + 1) % 2);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const __nv_bfloat16* kt = k_s + (t % 2) * kTile * kPitch;
+
+    // Scores of 8 rows x 16 heads over half of the 576 dims, two k-steps a round.
+    float c[4] = {};
+    for (int k = k_half * (kRow / 2); k < (k_half + 1) * (kRow / 2); k += 32) {
+      uint32_t a0[4], a1[4], b[4];
+      ldmatrix_x4(a0, q_s + (lane % 16) * kPitch + k + (lane / 16) * 8);
+      ldmatrix_x4(a1, q_s + (lane % 16) * kPitch + k + 16 + (lane / 16) * 8);
+      ldmatrix_x4(b, kt + (n_tile * 8 + lane % 8) * kPitch + k + (lane / 8) * 8);
+      mma_bf16_16816(c, a0, b[0], b[1]);
+      mma_bf16_16816(c, a1, b[2], b[3]);
+    }
+    if (k_half == 1)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) exchange[(n_tile * 32 + lane) * 4 + i] = c[i];
+    __syncthreads();
+    if (k_half == 0) {
+      const int col = n_tile * 8 + 2 * c4;
+      score_s[g * kTile + col] = c[0] + exchange[(n_tile * 32 + lane) * 4 + 0];
+      score_s[g * kTile + col + 1] = c[1] + exchange[(n_tile * 32 + lane) * 4 + 1];
+      score_s[(g + 8) * kTile + col] = c[2] + exchange[(n_tile * 32 + lane) * 4 + 2];
+      score_s[(g + 8) * kTile + col + 1] = c[3] + exchange[(n_tile * 32 + lane) * 4 + 3];
+    }
+    __syncthreads();
+
+    // Online softmax: a warp per two heads, a lane per row (tile row 0 is valid).
+    for (int hh = 0; hh < 2; ++hh) {
+      const int h = warp * 2 + hh;
+      const bool valid = t * kTile + lane < rows;
+      const float sc = valid ? score_s[h * kTile + lane] * scale_log2 : -INFINITY;
+      const float m_old = m_run[h], m_new = fmaxf(m_old, warp_max(sc));
+      const float pr = valid ? exp2f(sc - m_new) : 0.0f;
+      const float sum = warp_sum(pr);
+      p_s[h * kPPitch + lane] = __float2bfloat16(pr);
+      if (lane == 0) {
+        const float alpha = exp2f(m_old - m_new);
+        alpha_s[h] = alpha;
+        l_run[h] = l_run[h] * alpha + sum;
+        m_run[h] = m_new;
+      }
+    }
+    __syncthreads();
+
+    // o = o * alpha + P · V over the warp's 64 dims.
+    const float alpha_lo = alpha_s[g], alpha_hi = alpha_s[g + 8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      o[j][0] *= alpha_lo;
+      o[j][1] *= alpha_lo;
+      o[j][2] *= alpha_hi;
+      o[j][3] *= alpha_hi;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      uint32_t pa[4];
+      ldmatrix_x4(pa, p_s + (lane % 16) * kPPitch + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, kt + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kPitch + warp * 64 + np * 16 +
+                                  (lane / 16) * 8);
+        mma_bf16_16816(o[2 * np], pa, vb[0], vb[1]);
+        mma_bf16_16816(o[2 * np + 1], pa, vb[2], vb[3]);
+      }
+    }
+    __syncthreads();  // the stage is refilled two tiles on
+  }
+
+  float* po = s.partial_o + size_t(split) * kH * kL;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int d = warp * 64 + j * 8 + 2 * c4;
+    *reinterpret_cast<float2*>(po + g * kL + d) = make_float2(o[j][0], o[j][1]);
+    *reinterpret_cast<float2*>(po + (g + 8) * kL + d) = make_float2(o[j][2], o[j][3]);
+  }
+  if (tid < kH)
+    *reinterpret_cast<float2*>(s.partial_ml + (size_t(split) * kH + tid) * 2) = make_float2(m_run[tid], l_run[tid]);
+}
+
+// o_lat[h] = merge of the splits' partials, rounded to bf16 as the op-by-op
+// path stores it, into o_s (f32).
+__device__ void merge_head(const Scratch& s, int h, int splits, float* o_s, float* weight_s) {
+  for (int i = threadIdx.x; i < splits; i += blockDim.x) weight_s[i] = __ldcg(s.partial_ml + (size_t(i) * kH + h) * 2);
+  __syncthreads();
+  float m = -INFINITY;
+  for (int i = 0; i < splits; ++i) m = fmaxf(m, weight_s[i]);
+  float denom = 0.0f;
+  for (int i = 0; i < splits; ++i) denom += exp2f(weight_s[i] - m) * __ldcg(s.partial_ml + (size_t(i) * kH + h) * 2 + 1);
+  const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
+  for (int d = threadIdx.x; d < kL; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int i = 0; i < splits; ++i) acc += exp2f(weight_s[i] - m) * __ldcg(s.partial_o + (size_t(i) * kH + h) * kL + d);
+    o_s[d] = __bfloat162float(__float2bfloat16(acc * inv));
+  }
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecodeChainParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ __align__(8) uint64_t bars[4];
+  __shared__ float small_s[kL + kMaxGrid];
+  __shared__ float sum_s[kThreads];
+  const int grid = gridDim.x, b = blockIdx.x, tid = threadIdx.x;
+  const Layout lay = layout_for(grid);
+  const Scratch s = carve(p.scratch, grid, nullptr);
+  auto* qkv_w = reinterpret_cast<__nv_bfloat16*>(smem);
+  auto* uk_w = reinterpret_cast<__nv_bfloat16*>(smem + lay.uk);
+  auto* uv_w = reinterpret_cast<__nv_bfloat16*>(smem + lay.uv);
+  auto* o_w = reinterpret_cast<__nv_bfloat16*>(smem + lay.o);
+
+  // Each phase's rows of this block.
+  const int qkv0 = min(kQkvRows, b * lay.qkv_rows), qkv_n = min(kQkvRows, qkv0 + lay.qkv_rows) - qkv0;
+  const int uv0 = min(kAttnWidth, b * lay.uv_rows), uv_n = min(kAttnWidth, uv0 + lay.uv_rows) - uv0;
+  const int o0 = min(kD, b * lay.o_rows), o_n = min(kD, o0 + lay.o_rows) - o0;
+  int uk_n = 0;
+  for (int u = b; u < kUkUnits; u += grid) ++uk_n;
+
+  // Weights do not depend on earlier kernels: request all of them now.
+  if (tid == 0) {
+    for (auto& bar : bars) sm90::mbar_init(&bar, 1);
+    sm90::mbar_init_fence();
+  }
+  __syncthreads();
+  if (tid == 0) {
+    const uint32_t qkv_bytes = 2u * qkv_n * kD, uv_bytes = 2u * uv_n * kL, o_bytes = 2u * o_n * kAttnWidth;
+    sm90::mbar_arrive_expect_tx(&bars[0], qkv_bytes);
+    if (qkv_bytes) bulk_load(qkv_w, p.w_qkv + size_t(qkv0) * kD, qkv_bytes, &bars[0]);
+    sm90::mbar_arrive_expect_tx(&bars[1], 2u * uk_n * kDn * kUkCols);
+    sm90::mbar_arrive_expect_tx(&bars[2], uv_bytes);
+    if (uv_bytes) bulk_load(uv_w, p.w_uv + size_t(uv0) * kL, uv_bytes, &bars[2]);
+    sm90::mbar_arrive_expect_tx(&bars[3], o_bytes);
+    if (o_bytes) bulk_load(o_w, p.w_o + size_t(o0) * kAttnWidth, o_bytes, &bars[3]);
+  }
+  // W_UK units: 64 columns of each of a head's Dn rows, a bulk copy a row.
+  for (int i = 0, u = b; u < kUkUnits; ++i, u += grid)
+    for (int d = tid; d < kDn; d += kThreads) {
+      const int h = u / (kL / kUkCols), l0 = u % (kL / kUkCols) * kUkCols;
+      bulk_load(uk_w + (i * kDn + d) * kUkCols, p.w_uk + (size_t(h) * kDn + d) * kL + l0, 2 * kUkCols, &bars[1]);
+    }
+
+  // The batch was uploaded before the step's first kernel: the context rows
+  // this block will attend to go to L2 while the previous kernel finishes.
+  const int kv_begin = p.kv_indptr[0], kv_len = p.kv_indptr[1] - kv_begin;
+  const int chunk = max(kTile, ceil_div(ceil_div(kv_len, grid), kTile) * kTile);
+  const int splits = ceil_div(kv_len, chunk);
+  const int row0 = b * chunk, rows = b < splits ? min(chunk, kv_len - row0) : 0;
+  for (int i = tid; i < rows * (kRow * 2 / 128); i += kThreads) {
+    const int r = i / (kRow * 2 / 128), line = i % (kRow * 2 / 128);
+    prefetch_l2(reinterpret_cast<const uint8_t*>(p.cache + int64_t(p.kv_slots[kv_begin + row0 + r]) * kRow) + line * 128);
+  }
+
+  pdl_wait();  // h comes from the previous kernel
+
+  // 1. qkv rows.
+  {
+    uint4 x[kChunks];
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) x[c] = load_cg(p.h + c * 256 + (tid % 32) * 8);
+    sm90::mbar_wait(&bars[0], 0);
+    rows_times_vector<kD>(qkv_w, qkv_n, x, s.qkv + qkv0);
+  }
+  grid_barrier(p.barrier);
+
+  // 2. q_nope · W_UK; the latent write and q_pe rope.
+  if (uk_n) sm90::mbar_wait(&bars[1], 0);
+  for (int i = 0, u = b; u < kUkUnits; ++i, u += grid) uk_unit(s, u, uk_w + i * kDn * kUkCols, small_s, sum_s);
+  if (b == grid - 1) latent_write_and_q_pe(p, s, small_s);
+  grid_barrier(p.barrier);
+
+  // 3. Attention over this block's split.
+  if (rows > 0) attention_split(p, s, smem, b, row0, rows);
+  grid_barrier(p.barrier);
+  pdl_launch_dependents();
+
+  // 4. Merge and W_UV for this block's rows (one or two heads).
+  sm90::mbar_wait(&bars[2], 0);
+  for (int r = uv0; r < uv0 + uv_n;) {
+    const int h = r / kDv, end = min(uv0 + uv_n, (h + 1) * kDv);
+    merge_head(s, h, splits, small_s, small_s + kL);
+    const int lane = tid % 32, warp = tid / 32;
+    for (int i = r + warp; i < end; i += kWarps) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kL / 256; ++c) {
+        const uint4 w = *reinterpret_cast<const uint4*>(uv_w + size_t(i - uv0) * kL + c * 256 + lane * 8);
+        const auto* wp = reinterpret_cast<const __nv_bfloat162*>(&w);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 wf = __bfloat1622float2(wp[j]);
+          acc = fmaf(wf.x, small_s[c * 256 + lane * 8 + 2 * j], acc);
+          acc = fmaf(wf.y, small_s[c * 256 + lane * 8 + 2 * j + 1], acc);
+        }
+      }
+      acc = warp_sum(acc);
+      if (lane == 0) s.attn[i] = __float2bfloat16(acc);
+    }
+    __syncthreads();  // small_s is the next head's
+    r = end;
+  }
+  grid_barrier(p.barrier);
+
+  // 5. o_proj rows.
+  {
+    uint4 a[kAttnChunks];
+#pragma unroll
+    for (int c = 0; c < kAttnChunks; ++c) a[c] = load_cg(s.attn + c * 256 + (tid % 32) * 8);
+    sm90::mbar_wait(&bars[3], 0);
+    rows_times_vector<kAttnWidth>(o_w, o_n, a, p.out + o0);
+  }
+}
+
+}  // namespace
+
+bool mla_decode_chain_applies(const MlaDecodeChainShape& s, int sm_count) {
+  if (s.hidden != kD || s.heads != kH || s.nope_dim != kDn || s.rope_dim != kR || s.latent_dim != kL ||
+      s.v_dim != kDv || sm_count < 1 || sm_count > kMaxGrid)
+    return false;
+  int device = 0, major = 0, max_smem = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess || major < 9)
+    return false;  // bulk copies and programmatic launch are Hopper's
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, mla_decode_chain_kernel) != cudaSuccess) return false;
+  // More than half of an SM's shared memory keeps it to one block per SM.
+  return layout_for(sm_count).total + attr.sharedSizeBytes <= size_t(max_smem);
+}
+
+size_t mla_decode_chain_scratch_bytes(int sm_count) {
+  size_t bytes = 0;
+  carve(nullptr, sm_count, &bytes);
+  return bytes;
+}
+
+void mla_decode_chain(const MlaDecodeChainParams& p, int sm_count, cudaStream_t stream) {
+  MLA_CUDA_REQUIRE(sm_count >= 1 && sm_count <= kMaxGrid && p.scratch && p.barrier,
+                   "mla_decode_chain: " + std::to_string(sm_count) + " SMs (1 to " + std::to_string(kMaxGrid) +
+                       "), scratch and barrier required");
+  const size_t smem = layout_for(sm_count).total;
+  static int configured_smem = 0;
+  if (configured_smem != int(smem)) {
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                   "mla_decode_chain");
+    configured_smem = int(smem);
+  }
+  launch_dependent(mla_decode_chain_kernel, dim3(sm_count), dim3(kThreads), smem, stream, p);
+  check_launch("mla_decode_chain");
+}
+
+}  // namespace mlaserve::cuda

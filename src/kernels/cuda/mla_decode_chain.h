@@ -1,0 +1,65 @@
+#pragma once
+// The absorbed MLA of a one-token decode step, from the block's normed input
+// to o_proj's output, as one kernel (Backend::mla_decode_chain).
+//
+// Why: at batch 1 the seven kernels of this chain (fused q / kv_a GEMV,
+// latent write, q_nope·W_UK, split attention, merge, ·W_UV, o_proj) read
+// 27 MB at V2-Lite widths but took ~28 us a layer on the H200, ~3 us per
+// kernel boundary (docs/perf.md, session 5). Here one block per SM loads its
+// slice of every phase's weights into shared memory with bulk copies before
+// waiting for the previous kernel (208 KB a block, the whole 27 MB on 132
+// SMs), and the phases meet at grid barriers instead of kernel boundaries:
+//   1. qkv[r] = h · w_qkv[r] for the block's rows r;
+//   2. q_cat[h, l] = q_nope[h] · W_UK[h][:, l] for the block's (head,
+//      64-column) unit; the last block writes the latent row (kv_a norm, k_pe
+//      rope) to the cache and ropes every head's q_pe into q_cat;
+//   3. split attention over the context (16 heads on tensor cores; splits of
+//      multiples of 32 rows, as many as fill the grid), partial results out;
+//   4. each block merges the partials of its heads and applies W_UV to its rows;
+//   5. out[n] = attn · w_o[n] for the block's rows.
+// Intermediates are rounded to bf16 where the op-by-op path stores bf16
+// tensors, so both paths agree up to summation order.
+// Needs every block resident at once: the grid is one block per SM and a
+// block takes more than half an SM's shared memory.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mlaserve::cuda {
+
+struct MlaDecodeChainShape {
+  int hidden = 0, heads = 0, nope_dim = 0, rope_dim = 0, latent_dim = 0, v_dim = 0;
+};
+
+// The widths the kernel is built for (V2-Lite's: D 2048, 16 heads, Dn 128,
+// R 64, L 512, Dv 128) and whether a block's shared memory fits on this GPU.
+bool mla_decode_chain_applies(const MlaDecodeChainShape& s, int sm_count);
+
+struct MlaDecodeChainParams {
+  const __nv_bfloat16* h = nullptr;        // {D}, the normed block input
+  const __nv_bfloat16* w_qkv = nullptr;    // {H (Dn + R) + L + R, D}: q_proj rows, then kv_a_proj_with_mqa's
+  const __nv_bfloat16* kv_norm = nullptr;  // {L}
+  const __nv_bfloat16* w_uk = nullptr;     // {H, Dn, L}
+  const __nv_bfloat16* w_uv = nullptr;     // {H, Dv, L}
+  const __nv_bfloat16* w_o = nullptr;      // {D, H Dv}
+  __nv_bfloat16* cache = nullptr;          // {slots, L + R}
+  const int32_t* positions = nullptr;      // {1}
+  const int32_t* out_slots = nullptr;      // {1}
+  const int32_t* kv_indptr = nullptr;      // {2}
+  const int32_t* kv_slots = nullptr;       // {kv_len}, the new token's slot last
+  const float* inv_freq = nullptr;         // {R / 2}
+  float cos_sin_scale = 1.0f, eps = 1e-6f, softmax_scale = 1.0f;
+  __nv_bfloat16* out = nullptr;            // {D}
+  // Scratch (mla_decode_chain_scratch_bytes); barrier: two words zeroed once
+  // and kept between launches (the arrival count, back at 0 after every
+  // barrier, and the generation).
+  void* scratch = nullptr;
+  unsigned* barrier = nullptr;
+};
+
+size_t mla_decode_chain_scratch_bytes(int sm_count);
+void mla_decode_chain(const MlaDecodeChainParams& p, int sm_count, cudaStream_t stream);
+
+}  // namespace mlaserve::cuda
