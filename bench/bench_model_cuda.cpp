@@ -304,6 +304,10 @@ class OpTimingBackend final : public Backend {
   void mla_prepare(const MlaPrepare& p, const Tensor& pos, const Tensor& slots, const Tensor& f, float s) override {
     timed("mla_prepare", [&] { in_.mla_prepare(p, pos, slots, f, s); });
   }
+  bool mla_decode_chain(const MlaDecodeChain& c, const DeviceBatch& b, Tensor o) override {
+    if (skip_.count("mla_decode_chain")) return true;
+    return timed("mla_decode_chain", [&] { return in_.mla_decode_chain(c, b, o); });
+  }
   void mla_attention_absorbed(const Tensor& q, const Tensor& c, const DeviceBatch& b, float s, Tensor o) override {
     timed("mla_attention_absorbed", [&] { in_.mla_attention_absorbed(q, c, b, s, o); });
   }

@@ -23,6 +23,9 @@ namespace {
 // intermediates give a few 1e-3.
 constexpr double kChainVsOps = 1e-2;
 constexpr double kChainVsCpu = 2e-2;
+// Through two layers of random weights the rounding differences grow
+// (measured 9e-3 .. 1.1e-2 on the H200); model_cuda_test's bound for close rows.
+constexpr double kModelChainVsOps = 3e-2;
 
 ModelConfig v2_lite() { return mlaserve::testing::TempCheckpoint::config_of("v2-lite", "bf16"); }
 
@@ -236,7 +239,7 @@ TEST(MlaDecodeChain, ModelStepsEagerAndReplayedMatchTheOpByOpSteps) {
     const double graph_vs_eager = mlaserve::testing::row_rel_l2(graph.row(0), eager.row(0));
     std::printf("[mla-chain] model step %d: logits rel_l2 chain vs ops %.2e, graph vs eager chain %.2e\n", step,
                 eager_vs_ops, graph_vs_eager);
-    EXPECT_LT(eager_vs_ops, kChainVsOps);
+    EXPECT_LT(eager_vs_ops, kModelChainVsOps);
     EXPECT_LT(graph_vs_eager, 1e-6) << "the same kernels on the same inputs";
     token = mlaserve::testing::argmax(ops.row(0));
   }

@@ -119,7 +119,7 @@ CudaBackend::CudaBackend()
   gemm_ = std::make_unique<CublasLtGemm>();
   fp8_linear_ = std::make_unique<Fp8Linear>();
   moe_select_ws_ = std::make_unique<MoeSelectWorkspace>();
-  mla_chain_barrier_ = DeviceBuffer(2 * sizeof(unsigned));
+  mla_chain_barrier_ = DeviceBuffer(sizeof(unsigned long long));
   MLA_CUDA_CHECK(cudaMemset(mla_chain_barrier_.get(), 0, mla_chain_barrier_.bytes()), "backend start-up");
   pinned_bytes_ = size_t(1) << 20;
   MLA_CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_), "backend start-up");
@@ -730,7 +730,7 @@ bool CudaBackend::mla_decode_chain(const MlaDecodeChain& c, const DeviceBatch& b
   p.out = bf(out, "mla_decode_chain", "out");
   Tensor scratch = alloc({int64_t(mla_decode_chain_scratch_bytes(sm_count_))}, DType::U8);
   p.scratch = scratch.raw();
-  p.barrier = mla_chain_barrier_.get<unsigned>();
+  p.barrier = mla_chain_barrier_.get<unsigned long long>();
   cuda::mla_decode_chain(p, sm_count_, stream_);
   return true;
 }

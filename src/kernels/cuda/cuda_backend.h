@@ -113,7 +113,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<MoeSelectWorkspace> moe_select_ws_;
   bool fp8_weights_ = true;
   bool mla_chain_ = true;
-  DeviceBuffer mla_chain_barrier_;  // the chain kernel's grid barrier (arrival count, generation)
+  DeviceBuffer mla_chain_barrier_;  // the chain kernel's grid-barrier arrival counter
   std::unordered_map<const void*, Tensor> bf16_copies_;
   void* pinned_ = nullptr;  // host staging for prepare_batch uploads
   size_t pinned_bytes_ = 0;

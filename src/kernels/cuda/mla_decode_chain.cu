@@ -89,33 +89,35 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
 
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+__device__ __forceinline__ unsigned long long load_acquire(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ void store_release(unsigned* p, unsigned v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+
+// Grid barriers on one 64-bit arrival counter that only grows: a launch's
+// blocks each add 1 at each of its kBarriers barriers, so a launch starts at
+// a multiple of kBarriers x grid (read after the PDL wait, when the previous
+// launch has completed; fewer than `grid` arrivals of this launch can precede
+// the read) and barrier k waits for base + k x grid. One release add and
+// acquire polls by thread 0, which the block's __syncthreads extend to its
+// other threads; writes before a barrier are visible after it (read them with
+// ld.global.cg: L1 is not coherent). A block that waits far beyond any real
+// phase traps instead of hanging.
+constexpr int kBarriers = 4;
+
+__device__ __forceinline__ unsigned long long barrier_base(const unsigned long long* count) {
+  const unsigned long long per_launch = static_cast<unsigned long long>(kBarriers) * gridDim.x;
+  return load_acquire(count) / per_launch * per_launch;
 }
 
-// Every block of the grid arrives before any leaves; writes before it are
-// visible after it (read them with ld.global.cg: L1 is not coherent).
-// barrier[0] counts arrivals and returns to 0; barrier[1] is the generation.
-// A block that waits far beyond any real phase traps instead of hanging.
-__device__ void grid_barrier(unsigned* barrier) {
+__device__ void grid_barrier(unsigned long long* count, unsigned long long target) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    const unsigned generation = load_acquire(barrier + 1);
-    __threadfence();
-    if (atomicAdd(barrier, 1u) == gridDim.x - 1) {
-      atomicExch(barrier, 0u);
-      store_release(barrier + 1, generation + 1);
-    } else {
-      long long spins = 0;
-      while (load_acquire(barrier + 1) == generation)
-        if (++spins > (1ll << 22)) __trap();  // seconds: a real phase takes microseconds
-    }
-    __threadfence();
+    asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(count) : "memory");
+    long long spins = 0;
+    while (load_acquire(count) < target)
+      if (++spins > (1ll << 22)) __trap();  // seconds: a real phase takes microseconds
   }
   __syncthreads();
 }
@@ -152,15 +154,30 @@ __device__ __forceinline__ void rows_times_vector(const __nv_bfloat16* w, int ro
   }
 }
 
-// cs = {cos, sin} * cos_sin_scale of the token's angles, as mla_prepare forms them.
-__device__ void rope_table(const MlaDecodeChainParams& p, float* cs) {
+// Small shared-memory state of a block (static; the weights are dynamic).
+struct Misc {
+  float o[kL];                   // a head's merged attention output (phase 4)
+  float weight[kMaxGrid], l[kMaxGrid];  // the splits' maxima / merge weights and sums
+  float4 part[kL / 4];           // the second half of the splits' sum
+  float q[kDn];                  // a head's q_nope (phase 2)
+  float uk_sum[kThreads];
+  float cs[kR];                  // {cos, sin} * cos_sin_scale of the token's angles
+  __nv_bfloat16 kv_norm[kL];
+};
+
+// The rope table as mla_prepare forms it, and (last block) kv_a_layernorm's
+// weight: neither depends on earlier kernels.
+__device__ void load_constants(const MlaDecodeChainParams& p, Misc& m, bool latent_block) {
   const float pos = float(p.positions[0]);
   for (int i = threadIdx.x; i < kR / 2; i += blockDim.x) {
     float s, c;
     sincosf(pos * p.inv_freq[i], &s, &c);
-    cs[2 * i] = c * p.cos_sin_scale;
-    cs[2 * i + 1] = s * p.cos_sin_scale;
+    m.cs[2 * i] = c * p.cos_sin_scale;
+    m.cs[2 * i + 1] = s * p.cos_sin_scale;
   }
+  if (latent_block)
+    for (int i = threadIdx.x; i < kL / 8; i += blockDim.x)
+      reinterpret_cast<uint4*>(m.kv_norm)[i] = reinterpret_cast<const uint4*>(p.kv_norm)[i];
 }
 
 __device__ __forceinline__ void rotate_pair(const __nv_bfloat16* src, const float* cs, int i, __nv_bfloat16* dst) {
@@ -170,48 +187,45 @@ __device__ __forceinline__ void rotate_pair(const __nv_bfloat16* src, const floa
   dst[2 * i + 1] = __float2bfloat16_rn(b * c + a * s);
 }
 
-// Phase 2's side work (the last block): the latent row into the cache and
-// every head's roped q_pe into q_cat.
-__device__ void latent_write_and_q_pe(const MlaDecodeChainParams& p, const Scratch& s, float* cs) {
-  rope_table(p, cs);
+// Phase 2's side work (the last block): the latent row [kv_a_layernorm(c_kv)
+// | rope(k_pe)] into the cache, mla_prepare's arithmetic.
+__device__ void latent_write(const MlaDecodeChainParams& p, const Scratch& s, const Misc& m) {
+  static_assert(kL == 2 * kThreads, "two latent values a thread");
   const __nv_bfloat16* kv = s.qkv + kKvCol;
-  float ss = 0.0f;
-  for (int i = threadIdx.x; i < kL; i += blockDim.x) {
-    const float v = __bfloat162float(__ldcg(kv + i));
-    ss += v * v;
-  }
-  const float inv_rms = rsqrtf(block_sum(ss) / float(kL) + p.eps);  // block_sum syncs: cs is ready too
+  const float2 v = __bfloat1622float2(__ldcg(reinterpret_cast<const __nv_bfloat162*>(kv) + threadIdx.x));
+  const float inv_rms = rsqrtf(block_sum(v.x * v.x + v.y * v.y) / float(kL) + p.eps);
   __nv_bfloat16* row = p.cache + int64_t(p.out_slots[0]) * kRow;
-  for (int i = threadIdx.x; i < kL; i += blockDim.x)
-    row[i] = __float2bfloat16_rn(__bfloat162float(__ldcg(kv + i)) * inv_rms * __bfloat162float(p.kv_norm[i]));
-  for (int i = threadIdx.x; i < kR / 2; i += blockDim.x) rotate_pair(kv + kL, cs, i, row + kL);
-  for (int i = threadIdx.x; i < kH * kR / 2; i += blockDim.x) {
-    const int h = i / (kR / 2), f = i % (kR / 2);
-    rotate_pair(s.qkv + h * (kDn + kR) + kDn, cs, f, s.q_cat + h * kRow + kL);
-  }
+  const float2 w = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(m.kv_norm)[threadIdx.x]);
+  row[2 * threadIdx.x] = __float2bfloat16_rn(v.x * inv_rms * w.x);
+  row[2 * threadIdx.x + 1] = __float2bfloat16_rn(v.y * inv_rms * w.y);
+  if (threadIdx.x < kR / 2) rotate_pair(kv + kL, m.cs, threadIdx.x, row + kL);
 }
 
 // q_cat[h, l0 + j] = sum_d q_nope[h, d] · W_UK[h, d, l0 + j] for one unit,
 // its weights w{Dn, 64} in shared memory. Threads: 64 columns x 4 d-quarters.
-__device__ void uk_unit(const Scratch& s, int unit, const __nv_bfloat16* w, float* q_s, float* sum_s) {
+// The unit at l0 = 0 also ropes the head's q_pe into q_cat.
+__device__ void uk_unit(const Scratch& s, int unit, const __nv_bfloat16* w, Misc& m) {
   const int h = unit / (kL / kUkCols), l0 = unit % (kL / kUkCols) * kUkCols;
-  for (int d = threadIdx.x; d < kDn; d += blockDim.x) q_s[d] = __bfloat162float(__ldcg(s.qkv + h * (kDn + kR) + d));
+  const __nv_bfloat16* q = s.qkv + h * (kDn + kR);
+  for (int d = threadIdx.x; d < kDn; d += blockDim.x) m.q[d] = __bfloat162float(__ldcg(q + d));
+  if (l0 == 0 && threadIdx.x >= kThreads - kR / 2)
+    rotate_pair(q + kDn, m.cs, threadIdx.x - (kThreads - kR / 2), s.q_cat + h * kRow + kL);
   __syncthreads();
   const int j = threadIdx.x % kUkCols, quarter = threadIdx.x / kUkCols;
   constexpr int kPerQuarter = kDn / (kThreads / kUkCols);
   float acc = 0.0f;
 #pragma unroll 8
   for (int d = quarter * kPerQuarter; d < (quarter + 1) * kPerQuarter; ++d)
-    acc = fmaf(q_s[d], __bfloat162float(w[d * kUkCols + j]), acc);
-  sum_s[quarter * kUkCols + j] = acc;
+    acc = fmaf(m.q[d], __bfloat162float(w[d * kUkCols + j]), acc);
+  m.uk_sum[quarter * kUkCols + j] = acc;
   __syncthreads();
   if (threadIdx.x < kUkCols) {
     float v = 0.0f;
 #pragma unroll
-    for (int q = 0; q < kThreads / kUkCols; ++q) v += sum_s[q * kUkCols + threadIdx.x];
+    for (int i = 0; i < kThreads / kUkCols; ++i) v += m.uk_sum[i * kUkCols + threadIdx.x];
     s.q_cat[h * kRow + l0 + threadIdx.x] = __float2bfloat16(v);
   }
-  __syncthreads();  // q_s and sum_s are reused by the next unit
+  __syncthreads();  // m.q and m.uk_sum are the next unit's
 }
 
 // Phase 3 for one split: rows [row0, row0 + rows) of the context, all 16
@@ -337,20 +351,55 @@ __device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s,
     *reinterpret_cast<float2*>(s.partial_ml + (size_t(split) * kH + tid) * 2) = make_float2(m_run[tid], l_run[tid]);
 }
 
-// o_lat[h] = merge of the splits' partials, rounded to bf16 as the op-by-op
-// path stores it, into o_s (f32).
-__device__ void merge_head(const Scratch& s, int h, int splits, float* o_s, float* weight_s) {
-  for (int i = threadIdx.x; i < splits; i += blockDim.x) weight_s[i] = __ldcg(s.partial_ml + (size_t(i) * kH + h) * 2);
+// m.o = the merged attention output of head h, rounded to bf16 as the
+// op-by-op path stores it. Warp 0 turns the splits' (max, sum) into weights;
+// then two halves of the block each sum half of the splits' partials, 4 dims
+// a thread, 8 loads in flight.
+__device__ void merge_head(const Scratch& s, int h, int splits, Misc& m) {
+  const int tid = threadIdx.x, lane = tid % 32;
+  for (int i = tid; i < splits; i += blockDim.x) {
+    const float2 ml = __ldcg(reinterpret_cast<const float2*>(s.partial_ml) + size_t(i) * kH + h);
+    m.weight[i] = ml.x;
+    m.l[i] = ml.y;
+  }
   __syncthreads();
-  float m = -INFINITY;
-  for (int i = 0; i < splits; ++i) m = fmaxf(m, weight_s[i]);
-  float denom = 0.0f;
-  for (int i = 0; i < splits; ++i) denom += exp2f(weight_s[i] - m) * __ldcg(s.partial_ml + (size_t(i) * kH + h) * 2 + 1);
-  const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
-  for (int d = threadIdx.x; d < kL; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int i = 0; i < splits; ++i) acc += exp2f(weight_s[i] - m) * __ldcg(s.partial_o + (size_t(i) * kH + h) * kL + d);
-    o_s[d] = __bfloat162float(__float2bfloat16(acc * inv));
+  if (tid < 32) {
+    float mx = -INFINITY;
+    for (int i = lane; i < splits; i += 32) mx = fmaxf(mx, m.weight[i]);
+    mx = warp_max(mx);
+    float denom = 0.0f;
+    for (int i = lane; i < splits; i += 32) {
+      const float w = exp2f(m.weight[i] - mx);
+      m.weight[i] = w;
+      denom += w * m.l[i];
+    }
+    denom = warp_sum(denom);
+    __syncwarp();
+    const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
+    for (int i = lane; i < splits; i += 32) m.weight[i] *= inv;
+  }
+  __syncthreads();
+  static_assert(kL / 4 * 2 == kThreads, "two halves of 128 float4 columns");
+  const int quad = tid % (kL / 4), half = tid / (kL / 4);
+  const float4* src = reinterpret_cast<const float4*>(s.partial_o + size_t(h) * kL) + quad;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+  for (int i = half; i < splits; i += 2) {
+    const float w = m.weight[i];
+    const float4 v = __ldcg(src + size_t(i) * kH * kL / 4);
+    acc.x = fmaf(w, v.x, acc.x);
+    acc.y = fmaf(w, v.y, acc.y);
+    acc.z = fmaf(w, v.z, acc.z);
+    acc.w = fmaf(w, v.w, acc.w);
+  }
+  if (half == 1) m.part[quad] = acc;
+  __syncthreads();
+  if (half == 0) {
+    const float4 b = m.part[quad];
+    m.o[4 * quad] = __bfloat162float(__float2bfloat16(acc.x + b.x));
+    m.o[4 * quad + 1] = __bfloat162float(__float2bfloat16(acc.y + b.y));
+    m.o[4 * quad + 2] = __bfloat162float(__float2bfloat16(acc.z + b.z));
+    m.o[4 * quad + 3] = __bfloat162float(__float2bfloat16(acc.w + b.w));
   }
   __syncthreads();
 }
@@ -358,8 +407,7 @@ __device__ void merge_head(const Scratch& s, int h, int splits, float* o_s, floa
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecodeChainParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ __align__(8) uint64_t bars[4];
-  __shared__ float small_s[kL + kMaxGrid];
-  __shared__ float sum_s[kThreads];
+  __shared__ Misc misc;
   const int grid = gridDim.x, b = blockIdx.x, tid = threadIdx.x;
   const Layout lay = layout_for(grid);
   const Scratch s = carve(p.scratch, grid, nullptr);
@@ -409,7 +457,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
     prefetch_l2(reinterpret_cast<const uint8_t*>(p.cache + int64_t(p.kv_slots[kv_begin + row0 + r]) * kRow) + line * 128);
   }
 
+  load_constants(p, misc, b == grid - 1);
+
   pdl_wait();  // h comes from the previous kernel
+  const unsigned long long base = tid == 0 ? barrier_base(p.barrier) : 0;
 
   // 1. qkv rows.
   {
@@ -419,24 +470,24 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
     sm90::mbar_wait(&bars[0], 0);
     rows_times_vector<kD>(qkv_w, qkv_n, x, s.qkv + qkv0);
   }
-  grid_barrier(p.barrier);
+  grid_barrier(p.barrier, base + grid);
 
-  // 2. q_nope · W_UK; the latent write and q_pe rope.
+  // 2. q_nope · W_UK and the q_pe rope; the latent write.
   if (uk_n) sm90::mbar_wait(&bars[1], 0);
-  for (int i = 0, u = b; u < kUkUnits; ++i, u += grid) uk_unit(s, u, uk_w + i * kDn * kUkCols, small_s, sum_s);
-  if (b == grid - 1) latent_write_and_q_pe(p, s, small_s);
-  grid_barrier(p.barrier);
+  for (int i = 0, u = b; u < kUkUnits; ++i, u += grid) uk_unit(s, u, uk_w + i * kDn * kUkCols, misc);
+  if (b == grid - 1) latent_write(p, s, misc);
+  grid_barrier(p.barrier, base + 2 * grid);
 
   // 3. Attention over this block's split.
   if (rows > 0) attention_split(p, s, smem, b, row0, rows);
-  grid_barrier(p.barrier);
+  grid_barrier(p.barrier, base + 3 * grid);
   pdl_launch_dependents();
 
   // 4. Merge and W_UV for this block's rows (one or two heads).
   sm90::mbar_wait(&bars[2], 0);
   for (int r = uv0; r < uv0 + uv_n;) {
     const int h = r / kDv, end = min(uv0 + uv_n, (h + 1) * kDv);
-    merge_head(s, h, splits, small_s, small_s + kL);
+    merge_head(s, h, splits, misc);
     const int lane = tid % 32, warp = tid / 32;
     for (int i = r + warp; i < end; i += kWarps) {
       float acc = 0.0f;
@@ -447,17 +498,17 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const float2 wf = __bfloat1622float2(wp[j]);
-          acc = fmaf(wf.x, small_s[c * 256 + lane * 8 + 2 * j], acc);
-          acc = fmaf(wf.y, small_s[c * 256 + lane * 8 + 2 * j + 1], acc);
+          acc = fmaf(wf.x, misc.o[c * 256 + lane * 8 + 2 * j], acc);
+          acc = fmaf(wf.y, misc.o[c * 256 + lane * 8 + 2 * j + 1], acc);
         }
       }
       acc = warp_sum(acc);
       if (lane == 0) s.attn[i] = __float2bfloat16(acc);
     }
-    __syncthreads();  // small_s is the next head's
+    __syncthreads();  // misc.o is the next head's
     r = end;
   }
-  grid_barrier(p.barrier);
+  grid_barrier(p.barrier, base + 4 * grid);
 
   // 5. o_proj rows.
   {

@@ -52,11 +52,10 @@ struct MlaDecodeChainParams {
   const float* inv_freq = nullptr;         // {R / 2}
   float cos_sin_scale = 1.0f, eps = 1e-6f, softmax_scale = 1.0f;
   __nv_bfloat16* out = nullptr;            // {D}
-  // Scratch (mla_decode_chain_scratch_bytes); barrier: two words zeroed once
-  // and kept between launches (the arrival count, back at 0 after every
-  // barrier, and the generation).
+  // Scratch (mla_decode_chain_scratch_bytes); barrier: the grid barriers'
+  // arrival counter, zeroed once and kept between launches (it only grows).
   void* scratch = nullptr;
-  unsigned* barrier = nullptr;
+  unsigned long long* barrier = nullptr;
 };
 
 size_t mla_decode_chain_scratch_bytes(int sm_count);
