@@ -228,34 +228,63 @@ __device__ void uk_unit(const Scratch& s, int unit, const __nv_bfloat16* w, Misc
   __syncthreads();  // m.q and m.uk_sum are the next unit's
 }
 
-// Phase 3 for one split: rows [row0, row0 + rows) of the context, all 16
-// heads. Unnormalized output and (max, sum) of the block's softmax (log2
-// domain) go to the partials. Warps: scores as a 4 (8-row groups) x 2 (dim
-// halves) grid, then each warp owns 64 of the 512 output dims.
-__device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s, uint8_t* smem, int split, int row0,
-                                int rows) {
-  auto* q_s = reinterpret_cast<__nv_bfloat16*>(smem);
-  __nv_bfloat16* k_s = q_s + kH * kPitch;   // [2][kTile][kPitch]
-  __nv_bfloat16* p_s = k_s + 2 * kTile * kPitch;  // [kH][kPPitch]
-  auto* score_s = reinterpret_cast<float*>(p_s + kH * kPPitch);  // [kH][kTile]
-  float* exchange = score_s + kH * kTile;  // [4][32][4]
-  __shared__ float m_run[kH], l_run[kH], alpha_s[kH];
+// A block's split of the context: rows [row0, row0 + rows) of the kv_slots
+// at kv_begin; the last context row (the new token's, written in phase 2).
+struct Split {
+  int kv_begin, last_row, row0, rows;
+};
 
+// Phase 3's shared memory, in the qkv weights' region once phase 1 is done.
+struct AttnSmem {
+  __nv_bfloat16 *q, *k, *p;  // q{kH, kPitch}, k{2 stages, kTile, kPitch}, p{kH, kPPitch}
+  float *score, *exchange;   // {kH, kTile}, {4, 32, 4}
+  __device__ explicit AttnSmem(uint8_t* smem) {
+    q = reinterpret_cast<__nv_bfloat16*>(smem);
+    k = q + kH * kPitch;
+    p = k + 2 * kTile * kPitch;
+    score = reinterpret_cast<float*>(p + kH * kPPitch);
+    exchange = score + kH * kTile;
+  }
+};
+
+// cp.async of tile `tile` of the split into `stage`: the rows before the new
+// token's (`old`), only the new token's row (`!old`), or both.
+__device__ void load_tile(const MlaDecodeChainParams& p, const Split& sp, const AttnSmem& a, int tile, int stage,
+                          bool old, bool fresh) {
+  for (int i = threadIdx.x; i < kTile * kRowChunks; i += kThreads) {
+    const int r = i / kRowChunks, c = i % kRowChunks, row = tile * kTile + r;
+    const bool valid = row < sp.rows, is_new = sp.row0 + row == sp.last_row;
+    if (valid ? (is_new ? !fresh : !old) : !old) continue;  // rows past the end are zeroed with the old ones
+    const int64_t slot = valid ? p.kv_slots[sp.kv_begin + sp.row0 + row] : 0;
+    cp_async_16(a.k + (stage * kTile + r) * kPitch + c * 8, p.cache + slot * kRow + c * 8, valid ? 16 : 0);
+  }
+}
+
+// While phases 1-2 finish elsewhere: the split's first two tiles, except the
+// new token's row, which phase 2 writes.
+__device__ void preload_split(const MlaDecodeChainParams& p, const Split& sp, uint8_t* smem) {
+  const AttnSmem a(smem);
+  for (int t = 0; t < 2 && t * kTile < sp.rows; ++t) load_tile(p, sp, a, t, t, true, false);
+  cp_async_commit();
+}
+
+// Phase 3 for one split, all 16 heads. Unnormalized output and (max, sum) of
+// the block's softmax (log2 domain) go to the partials. Warps: scores as a 4
+// (8-row groups) x 2 (dim halves) grid, then each warp owns 64 of the 512
+// output dims.
+__device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s, uint8_t* smem, int split,
+                                const Split& sp) {
+  const AttnSmem a(smem);
+  __nv_bfloat16 *q_s = a.q, *k_s = a.k, *p_s = a.p;
+  float *score_s = a.score, *exchange = a.exchange;
+  __shared__ float m_run[kH], l_run[kH], alpha_s[kH];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, c4 = lane % 4;
-  const int kv_begin = p.kv_indptr[0];
+  const int rows = sp.rows;
   for (int i = tid; i < kH * kRowChunks; i += kThreads) {
     const int r = i / kRowChunks, c = i % kRowChunks;
     cp_async_16(q_s + r * kPitch + c * 8, s.q_cat + r * kRow + c * 8);
   }
-  auto load_tile = [&](int tile, int stage) {
-    for (int i = tid; i < kTile * kRowChunks; i += kThreads) {
-      const int r = i / kRowChunks, c = i % kRowChunks, row = tile * kTile + r;
-      const bool valid = row < rows;
-      const int64_t slot = valid ? p.kv_slots[kv_begin + row0 + row] : 0;
-      cp_async_16(k_s + (stage * kTile + r) * kPitch + c * 8, p.cache + slot * kRow + c * 8, valid ? 16 : 0);
-    }
-  };
-  load_tile(0, 0);
+  for (int t = 0; t < 2 && t * kTile < rows; ++t) load_tile(p, sp, a, t, t, false, true);
   cp_async_commit();
   if (tid < kH) m_run[tid] = -INFINITY, l_run[tid] = 0.0f;
 
@@ -264,8 +293,8 @@ __device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s,
   float o[8][4] = {};
   const int tiles = ceil_div(rows, kTile);
   for (int t = 0; t < tiles; ++t) {
-    if (t + 1 < tiles) {
-      load_tile(t + 1, (t + 1) % 2);
+    if (t >= 1 && t + 1 < tiles) {  // tiles 0 and 1 are in already
+      load_tile(p, sp, a, t + 1, (t + 1) % 2, true, true);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -354,7 +383,7 @@ __device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s,
 // m.o = the merged attention output of head h, rounded to bf16 as the
 // op-by-op path stores it. Warp 0 turns the splits' (max, sum) into weights;
 // then two halves of the block each sum half of the splits' partials, 4 dims
-// a thread, 8 loads in flight.
+// a thread, 16 loads in flight.
 __device__ void merge_head(const Scratch& s, int h, int splits, Misc& m) {
   const int tid = threadIdx.x, lane = tid % 32;
   for (int i = tid; i < splits; i += blockDim.x) {
@@ -383,7 +412,7 @@ __device__ void merge_head(const Scratch& s, int h, int splits, Misc& m) {
   const int quad = tid % (kL / 4), half = tid / (kL / 4);
   const float4* src = reinterpret_cast<const float4*>(s.partial_o + size_t(h) * kL) + quad;
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
+#pragma unroll 16
   for (int i = half; i < splits; i += 2) {
     const float w = m.weight[i];
     const float4 v = __ldcg(src + size_t(i) * kH * kL / 4);
@@ -446,16 +475,15 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
       bulk_load(uk_w + (i * kDn + d) * kUkCols, p.w_uk + (size_t(h) * kDn + d) * kL + l0, 2 * kUkCols, &bars[1]);
     }
 
-  // The batch was uploaded before the step's first kernel: the context rows
-  // this block will attend to go to L2 while the previous kernel finishes.
-  const int kv_begin = p.kv_indptr[0], kv_len = p.kv_indptr[1] - kv_begin;
+  // The batch was uploaded before the step's first kernel.
+  Split sp;
+  sp.kv_begin = p.kv_indptr[0];
+  const int kv_len = p.kv_indptr[1] - sp.kv_begin;
   const int chunk = max(kTile, ceil_div(ceil_div(kv_len, grid), kTile) * kTile);
   const int splits = ceil_div(kv_len, chunk);
-  const int row0 = b * chunk, rows = b < splits ? min(chunk, kv_len - row0) : 0;
-  for (int i = tid; i < rows * (kRow * 2 / 128); i += kThreads) {
-    const int r = i / (kRow * 2 / 128), line = i % (kRow * 2 / 128);
-    prefetch_l2(reinterpret_cast<const uint8_t*>(p.cache + int64_t(p.kv_slots[kv_begin + row0 + r]) * kRow) + line * 128);
-  }
+  sp.last_row = kv_len - 1;
+  sp.row0 = b * chunk;
+  sp.rows = b < splits ? min(chunk, kv_len - sp.row0) : 0;
 
   load_constants(p, misc, b == grid - 1);
 
@@ -470,6 +498,15 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
     sm90::mbar_wait(&bars[0], 0);
     rows_times_vector<kD>(qkv_w, qkv_n, x, s.qkv + qkv0);
   }
+  // The context rows of tiles past the second go to L2 now (they are read
+  // after phase 2; earlier, the previous kernels' traffic would evict them).
+  for (int i = tid; i < max(0, sp.rows - 2 * kTile) * (kRow * 2 / 128); i += kThreads) {
+    const int r = 2 * kTile + i / (kRow * 2 / 128), line = i % (kRow * 2 / 128);
+    prefetch_l2(reinterpret_cast<const uint8_t*>(p.cache + int64_t(p.kv_slots[sp.kv_begin + sp.row0 + r]) * kRow) +
+                line * 128);
+  }
+  __syncthreads();  // the qkv weights' region becomes the attention tiles
+  if (sp.rows > 0) preload_split(p, sp, smem);
   grid_barrier(p.barrier, base + grid);
 
   // 2. q_nope · W_UK and the q_pe rope; the latent write.
@@ -479,7 +516,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   grid_barrier(p.barrier, base + 2 * grid);
 
   // 3. Attention over this block's split.
-  if (rows > 0) attention_split(p, s, smem, b, row0, rows);
+  if (sp.rows > 0) attention_split(p, s, smem, b, sp);
   grid_barrier(p.barrier, base + 3 * grid);
   pdl_launch_dependents();
 
