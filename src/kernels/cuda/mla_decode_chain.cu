@@ -232,6 +232,11 @@ __device__ void uk_unit(const Scratch& s, int unit, const __nv_bfloat16* w, Misc
 // at kv_begin; the last context row (the new token's, written in phase 2).
 struct Split {
   int kv_begin, last_row, row0, rows;
+  const int* first_slots;    // shared copy of the first two tiles' slots (read before the PDL wait)
+  const int32_t* all_slots;  // the batch's kv_slots
+  __device__ int64_t slot(int row) const {
+    return row < 2 * kTile ? first_slots[row] : all_slots[kv_begin + row0 + row];
+  }
 };
 
 // Phase 3's shared memory, in the qkv weights' region once phase 1 is done.
@@ -255,7 +260,7 @@ __device__ void load_tile(const MlaDecodeChainParams& p, const Split& sp, const 
     const int r = i / kRowChunks, c = i % kRowChunks, row = tile * kTile + r;
     const bool valid = row < sp.rows, is_new = sp.row0 + row == sp.last_row;
     if (valid ? (is_new ? !fresh : !old) : !old) continue;  // rows past the end are zeroed with the old ones
-    const int64_t slot = valid ? p.kv_slots[sp.kv_begin + sp.row0 + row] : 0;
+    const int64_t slot = valid ? sp.slot(row) : 0;
     cp_async_16(a.k + (stage * kTile + r) * kPitch + c * 8, p.cache + slot * kRow + c * 8, valid ? 16 : 0);
   }
 }
@@ -304,15 +309,19 @@ __device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s,
     const __nv_bfloat16* kt = k_s + (t % 2) * kTile * kPitch;
 
     // Scores of 8 rows x 16 heads over half of the 576 dims, two k-steps a round.
-    float c[4] = {};
+    // Two accumulators halve the chain of dependent MMAs.
+    float c[4] = {}, c_odd[4] = {};
+#pragma unroll 3
     for (int k = k_half * (kRow / 2); k < (k_half + 1) * (kRow / 2); k += 32) {
       uint32_t a0[4], a1[4], b[4];
       ldmatrix_x4(a0, q_s + (lane % 16) * kPitch + k + (lane / 16) * 8);
       ldmatrix_x4(a1, q_s + (lane % 16) * kPitch + k + 16 + (lane / 16) * 8);
       ldmatrix_x4(b, kt + (n_tile * 8 + lane % 8) * kPitch + k + (lane / 8) * 8);
       mma_bf16_16816(c, a0, b[0], b[1]);
-      mma_bf16_16816(c, a1, b[2], b[3]);
+      mma_bf16_16816(c_odd, a1, b[2], b[3]);
     }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[i] += c_odd[i];
     if (k_half == 1)
 #pragma unroll
       for (int i = 0; i < 4; ++i) exchange[(n_tile * 32 + lane) * 4 + i] = c[i];
@@ -326,20 +335,38 @@ __device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s,
     }
     __syncthreads();
 
-    // Online softmax: a warp per two heads, a lane per row (tile row 0 is valid).
-    for (int hh = 0; hh < 2; ++hh) {
-      const int h = warp * 2 + hh;
+    // Online softmax: a warp per two heads (interleaved), a lane per row
+    // (tile row 0 is valid).
+    {
+      const int h0 = warp * 2, h1 = h0 + 1;
       const bool valid = t * kTile + lane < rows;
-      const float sc = valid ? score_s[h * kTile + lane] * scale_log2 : -INFINITY;
-      const float m_old = m_run[h], m_new = fmaxf(m_old, warp_max(sc));
-      const float pr = valid ? exp2f(sc - m_new) : 0.0f;
-      const float sum = warp_sum(pr);
-      p_s[h * kPPitch + lane] = __float2bfloat16(pr);
+      const float s0 = valid ? score_s[h0 * kTile + lane] * scale_log2 : -INFINITY;
+      const float s1 = valid ? score_s[h1 * kTile + lane] * scale_log2 : -INFINITY;
+      float mx0 = s0, mx1 = s1;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
+      }
+      const float m_old0 = m_run[h0], m_new0 = fmaxf(m_old0, mx0);
+      const float m_old1 = m_run[h1], m_new1 = fmaxf(m_old1, mx1);
+      const float p0 = valid ? exp2f(s0 - m_new0) : 0.0f, p1 = valid ? exp2f(s1 - m_new1) : 0.0f;
+      float sum0 = p0, sum1 = p1;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        sum0 += __shfl_xor_sync(0xffffffffu, sum0, o);
+        sum1 += __shfl_xor_sync(0xffffffffu, sum1, o);
+      }
+      p_s[h0 * kPPitch + lane] = __float2bfloat16(p0);
+      p_s[h1 * kPPitch + lane] = __float2bfloat16(p1);
       if (lane == 0) {
-        const float alpha = exp2f(m_old - m_new);
-        alpha_s[h] = alpha;
-        l_run[h] = l_run[h] * alpha + sum;
-        m_run[h] = m_new;
+        const float alpha0 = exp2f(m_old0 - m_new0), alpha1 = exp2f(m_old1 - m_new1);
+        alpha_s[h0] = alpha0;
+        alpha_s[h1] = alpha1;
+        l_run[h0] = l_run[h0] * alpha0 + sum0;
+        l_run[h1] = l_run[h1] * alpha1 + sum1;
+        m_run[h0] = m_new0;
+        m_run[h1] = m_new1;
       }
     }
     __syncthreads();
@@ -381,11 +408,23 @@ __device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s,
 }
 
 // m.o = the merged attention output of head h, rounded to bf16 as the
-// op-by-op path stores it. Warp 0 turns the splits' (max, sum) into weights;
-// then two halves of the block each sum half of the splits' partials, 4 dims
-// a thread, 16 loads in flight.
+// op-by-op path stores it. Every thread requests its partials (4 dims of
+// half of the splits, up to kMergeInFlight of them) and the splits' (max,
+// sum) at once, one L2 round trip; warp 0 turns the maxima into weights.
+constexpr int kMergeInFlight = 16;
+
 __device__ void merge_head(const Scratch& s, int h, int splits, Misc& m) {
   const int tid = threadIdx.x, lane = tid % 32;
+  static_assert(kL / 4 * 2 == kThreads, "two halves of 128 float4 columns");
+  const int quad = tid % (kL / 4), half = tid / (kL / 4);
+  const float4* src = reinterpret_cast<const float4*>(s.partial_o + size_t(h) * kL) + quad;
+  const size_t split_stride = size_t(kH) * kL / 4;
+  float4 v[kMergeInFlight];
+#pragma unroll
+  for (int j = 0; j < kMergeInFlight; ++j) {
+    const int i = half + 2 * j;
+    if (i < splits) v[j] = __ldcg(src + i * split_stride);
+  }
   for (int i = tid; i < splits; i += blockDim.x) {
     const float2 ml = __ldcg(reinterpret_cast<const float2*>(s.partial_ml) + size_t(i) * kH + h);
     m.weight[i] = ml.x;
@@ -408,19 +447,19 @@ __device__ void merge_head(const Scratch& s, int h, int splits, Misc& m) {
     for (int i = lane; i < splits; i += 32) m.weight[i] *= inv;
   }
   __syncthreads();
-  static_assert(kL / 4 * 2 == kThreads, "two halves of 128 float4 columns");
-  const int quad = tid % (kL / 4), half = tid / (kL / 4);
-  const float4* src = reinterpret_cast<const float4*>(s.partial_o + size_t(h) * kL) + quad;
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 16
-  for (int i = half; i < splits; i += 2) {
-    const float w = m.weight[i];
-    const float4 v = __ldcg(src + size_t(i) * kH * kL / 4);
-    acc.x = fmaf(w, v.x, acc.x);
-    acc.y = fmaf(w, v.y, acc.y);
-    acc.z = fmaf(w, v.z, acc.z);
-    acc.w = fmaf(w, v.w, acc.w);
+  auto add = [&](float w, float4 x) {
+    acc.x = fmaf(w, x.x, acc.x);
+    acc.y = fmaf(w, x.y, acc.y);
+    acc.z = fmaf(w, x.z, acc.z);
+    acc.w = fmaf(w, x.w, acc.w);
+  };
+#pragma unroll
+  for (int j = 0; j < kMergeInFlight; ++j) {
+    const int i = half + 2 * j;
+    if (i < splits) add(m.weight[i], v[j]);
   }
+  for (int i = half + 2 * kMergeInFlight; i < splits; i += 2) add(m.weight[i], __ldcg(src + i * split_stride));
   if (half == 1) m.part[quad] = acc;
   __syncthreads();
   if (half == 0) {
@@ -484,6 +523,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   sp.last_row = kv_len - 1;
   sp.row0 = b * chunk;
   sp.rows = b < splits ? min(chunk, kv_len - sp.row0) : 0;
+  __shared__ int first_slots[2 * kTile];
+  for (int i = tid; i < min(sp.rows, 2 * kTile); i += kThreads) first_slots[i] = p.kv_slots[sp.kv_begin + sp.row0 + i];
+  sp.first_slots = first_slots;
+  sp.all_slots = p.kv_slots;
 
   load_constants(p, misc, b == grid - 1);
 
@@ -502,8 +545,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   // after phase 2; earlier, the previous kernels' traffic would evict them).
   for (int i = tid; i < max(0, sp.rows - 2 * kTile) * (kRow * 2 / 128); i += kThreads) {
     const int r = 2 * kTile + i / (kRow * 2 / 128), line = i % (kRow * 2 / 128);
-    prefetch_l2(reinterpret_cast<const uint8_t*>(p.cache + int64_t(p.kv_slots[sp.kv_begin + sp.row0 + r]) * kRow) +
-                line * 128);
+    prefetch_l2(reinterpret_cast<const uint8_t*>(p.cache + sp.slot(r) * kRow) + line * 128);
   }
   __syncthreads();  // the qkv weights' region becomes the attention tiles
   if (sp.rows > 0) preload_split(p, sp, smem);
