@@ -322,7 +322,6 @@ class OpTimingBackend final : public Backend {
                   Tensor w) override {
     timed("moe_select", [&] { in_.moe_select(h, r, b, p, i, w); });
   }
-  void l2_prefetch_hint(const Tensor& t) override { in_.l2_prefetch_hint(t); }
   void moe_experts(const Tensor& x, const ExpertWeights& e, const Tensor& i, const Tensor& w, Tensor o) override {
     timed("moe_experts", [&] { in_.moe_experts(x, e, i, w, o); });
   }

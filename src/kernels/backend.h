@@ -252,11 +252,6 @@ class Backend {
     linear_f32_out(h, router, logits);
     moe_route(logits, bias, p, topk_ids, topk_weights);
   }
-  // A hint that t (weights) is read soon after the next moe_experts call: a
-  // backend may pull it into cache during that call's tail, while its own
-  // weight stream thins out (CUDA's decode-sized MoE does; at most 4 tensors
-  // a call). The next moe_experts call consumes the hints. Default: ignored.
-  virtual void l2_prefetch_hint(const Tensor& t) { (void)t; }
   // out{T, D} = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])
   //             + shared(x[t]) when the experts were loaded with shared ones,
   // expert(x) = down(silu(gate(x)) * up(x)), likewise shared(x).

@@ -44,8 +44,8 @@ bool DeepseekModel::use_absorbed(const DeviceBatch& batch) const {
   return false;
 }
 
-void DeepseekModel::run_block(const DecoderLayerWeights& w, const DecoderLayerWeights* next, const DeviceBatch& batch,
-                              bool absorbed, Tensor cache, Tensor& x, Tensor& residual, bool first) {
+void DeepseekModel::run_block(const DecoderLayerWeights& w, const DeviceBatch& batch, bool absorbed, Tensor cache,
+                              Tensor& x, Tensor& residual, bool first) {
   const float eps = float(config_.rms_norm_eps);
   const DType act = backend_.act_dtype();
   Tensor normed = backend_.alloc(x.shape(), act);
@@ -60,13 +60,6 @@ void DeepseekModel::run_block(const DecoderLayerWeights& w, const DecoderLayerWe
   backend_.rms_norm(attn_out, w.post_attention_layernorm, eps, normed, residual);
   Tensor mlp_out = backend_.alloc(x.shape(), act);
   if (w.moe) {
-    // The next block's attention weights (the input projection first: it is
-    // read first) may come into L2 during the MoE's tail.
-    if (next) {
-      const MlaWeights& a = next->attn;
-      const Weight* first = a.fused_qkv_a_proj ? &*a.fused_qkv_a_proj : a.q_proj ? &*a.q_proj : &*a.q_a_proj;
-      for (const Tensor* t : {&first->w, &a.w_uk, &a.w_uv, &a.o_proj.w}) backend_.l2_prefetch_hint(*t);
-    }
     moe_block(backend_, *w.moe, normed, mlp_out);
   } else {
     dense_mlp(backend_, *w.mlp, normed, mlp_out);
@@ -101,10 +94,7 @@ Tensor DeepseekModel::forward(const ForwardBatch& batch, const std::vector<Tenso
   Tensor x = backend_.alloc({T, D}, backend_.act_dtype());
   backend_.embedding(db.input_ids, embed_tokens_, x);
   Tensor residual;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const DecoderLayerWeights* next = i + 1 < layers_.size() ? &layers_[i + 1] : nullptr;
-    run_block(layers_[i], next, db, absorbed, kv_cache[i], x, residual, i == 0);
-  }
+  for (size_t i = 0; i < layers_.size(); ++i) run_block(layers_[i], db, absorbed, kv_cache[i], x, residual, i == 0);
   Tensor normed = backend_.alloc({T, D}, backend_.act_dtype());
   backend_.rms_norm(x, final_norm_, float(c.rms_norm_eps), normed, residual);
   if (final_hidden) *final_hidden = normed;
@@ -130,7 +120,7 @@ Tensor DeepseekModel::mtp_forward(const ForwardBatch& batch, const Tensor& hidde
   Tensor x = backend_.alloc({T, D}, act);
   backend_.linear(both, mtp_->eh_proj, x);
   Tensor residual;
-  run_block(mtp_->block, nullptr, db, use_absorbed(db), mtp_cache, x, residual, /*first=*/true);
+  run_block(mtp_->block, db, use_absorbed(db), mtp_cache, x, residual, /*first=*/true);
   Tensor normed = backend_.alloc({T, D}, act);
   backend_.rms_norm(x, mtp_->shared_head_norm, eps, normed, residual);
   return logits_for_rows(db, normed, mtp_->shared_head);

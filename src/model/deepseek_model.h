@@ -47,11 +47,9 @@ class DeepseekModel {
 
  private:
   // One decoder block: residual stream update in place, `x` is the previous
-  // block's MLP output (or the embedding for the first block). `next` (the
-  // following block, if any) is named to the backend as what its MoE is
-  // followed by (Backend::l2_prefetch_hint).
-  void run_block(const DecoderLayerWeights& w, const DecoderLayerWeights* next, const DeviceBatch& batch,
-                 bool absorbed, Tensor cache, Tensor& x, Tensor& residual, bool first);
+  // block's MLP output (or the embedding for the first block).
+  void run_block(const DecoderLayerWeights& w, const DeviceBatch& batch, bool absorbed, Tensor cache, Tensor& x,
+                 Tensor& residual, bool first);
   bool use_absorbed(const DeviceBatch& batch) const;
   Tensor logits_for_rows(const DeviceBatch& batch, const Tensor& normed, const Weight& head);
 

@@ -816,15 +816,8 @@ void CudaBackend::moe_select(const Tensor& h, const Weight& router, const Tensor
   cuda::moe_select(h.data<__nv_bfloat16>(), router.w.data<__nv_bfloat16>(), D, p, *moe_select_ws_, stream_);
 }
 
-void CudaBackend::l2_prefetch_hint(const Tensor& t) {
-  MLA_CHECK(t.device() == Device::CUDA, "l2_prefetch_hint: a CPU tensor");
-  if (int(l2_hints_.size()) < MoeBatch::kMaxTailPrefetch) l2_hints_.push_back(t);
-}
-
 void CudaBackend::moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids,
                               const Tensor& topk_weights, Tensor out) {
-  std::vector<Tensor> hints;
-  hints.swap(l2_hints_);  // this call consumes them, whatever happens below
   auto* stacked = static_cast<const StackedExperts*>(experts.packed.get());
   MLA_CHECK(stacked, "moe_experts: experts were not loaded by the CUDA backend");
   const int64_t T = x.dim(0), D = x.dim(1), k = topk_ids.dim(1);
@@ -844,10 +837,6 @@ void CudaBackend::moe_experts(const Tensor& x, const ExpertWeights& experts, con
   batch.top_k = int(k);
   batch.num_shared = stacked->num_shared;
   batch.out = bf(out, "moe_experts", "out");
-  for (size_t i = 0; i < hints.size(); ++i) {
-    batch.tail_prefetch[i] = hints[i].raw();
-    batch.tail_prefetch_bytes[i] = hints[i].nbytes();
-  }
   if (T == 0) return;
   if (stacked->fp8()) {
     Fp8MoeParams p;

@@ -10,7 +10,6 @@
 
 #include <memory>
 #include <unordered_map>
-#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cuda/device_allocator.h"
@@ -63,7 +62,6 @@ class CudaBackend final : public Backend {
                  Tensor topk_weights) override;
   void moe_select(const Tensor& h, const Weight& router, const Tensor& bias, const RouterParams& p,
                   Tensor topk_ids, Tensor topk_weights) override;
-  void l2_prefetch_hint(const Tensor& t) override;
   void moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids, const Tensor& topk_weights,
                    Tensor out) override;
   void argmax_rows(const Tensor& logits, Tensor ids) override;
@@ -121,7 +119,6 @@ class CudaBackend final : public Backend {
   size_t pinned_bytes_ = 0;
   cudaEvent_t staging_free_ = nullptr;  // recorded after each staging copy
   const StaticBatchBuffers* static_batch_ = nullptr;
-  std::vector<Tensor> l2_hints_;  // for the next moe_experts call
 };
 
 }  // namespace mlaserve::cuda

@@ -207,7 +207,6 @@ void fp8_moe_experts(const Fp8MoeParams& p, void* workspace, cudaStream_t stream
     a.hidden = p.hidden;
     a.inter = p.inter;
     a.out = p.out;
-    a.set_tail_prefetch(p);
     run_small_moe(a, p.tuning.gate_up_cols_per_warp, p.tuning.down_rows_per_warp, workspace, stream,
                   "fp8 moe (small path)");
     return;

@@ -18,12 +18,6 @@ struct MoeBatch {
   int top_k = 0;
   int num_shared = 0;   // shared experts S (stacked after the routed ones)
   __nv_bfloat16* out = nullptr;  // {T, D}
-  // Weights the next ops read (Backend::l2_prefetch_hint): the decode-sized
-  // path pulls them into L2 at its down kernel's tail, where its own weight
-  // stream thins out. Other paths ignore them.
-  static constexpr int kMaxTailPrefetch = 4;
-  const void* tail_prefetch[kMaxTailPrefetch] = {};
-  size_t tail_prefetch_bytes[kMaxTailPrefetch] = {};
 };
 
 }  // namespace mlaserve::cuda

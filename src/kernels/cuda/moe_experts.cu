@@ -226,7 +226,6 @@ void run_small(const MoeExpertsParams& p, void* workspace, cudaStream_t stream) 
   a.hidden = p.hidden;
   a.inter = p.inter;
   a.out = p.out;
-  a.set_tail_prefetch(p);
   run_small_moe(a, p.tuning.gate_up_cols_per_warp, p.tuning.down_rows_per_warp, workspace, stream,
                 "moe_experts (small path)");
 }

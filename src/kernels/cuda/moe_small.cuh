@@ -30,7 +30,6 @@
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/moe_align.cuh"
-#include "kernels/cuda/moe_batch.h"
 #include "kernels/cuda/pdl.cuh"
 
 namespace mlaserve::cuda {
@@ -133,35 +132,7 @@ struct SmallMoeArgs {
   unsigned* tile_arrivals;  // {down tiles}: zeroed by gate_up, counted by down
   int down_tiles;
   __nv_bfloat16* out;       // {T, D}
-  // MoeBatch's tail prefetch: each down block pulls its share into L2 when done.
-  const uint8_t* tail_prefetch[MoeBatch::kMaxTailPrefetch] = {};
-  size_t tail_prefetch_bytes[MoeBatch::kMaxTailPrefetch] = {};
-  void set_tail_prefetch(const MoeBatch& b) {
-    for (int i = 0; i < MoeBatch::kMaxTailPrefetch; ++i) {
-      tail_prefetch[i] = static_cast<const uint8_t*>(b.tail_prefetch[i]);
-      tail_prefetch_bytes[i] = b.tail_prefetch_bytes[i];
-    }
-  }
 };
-
-// This block's share of the tail prefetch: 16-byte aligned slices, one bulk
-// L2 prefetch each (fire and forget: the block does not wait for it).
-template <typename Stacks>
-__device__ void prefetch_tail_share(const SmallMoeArgs<Stacks>& a) {
-  const size_t blocks = size_t(gridDim.x) * gridDim.y, block = size_t(blockIdx.y) * gridDim.x + blockIdx.x;
-#pragma unroll
-  for (int i = 0; i < MoeBatch::kMaxTailPrefetch; ++i) {
-    const size_t bytes = a.tail_prefetch_bytes[i];
-    if (bytes == 0) continue;
-    const size_t share = (bytes / blocks + 15) / 16 * 16, begin = block * share;
-    if (begin >= bytes) continue;
-    const size_t len = (bytes - begin < share ? bytes - begin : share) & ~size_t(15);
-    if (len == 0) continue;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a.tail_prefetch[i] + begin),
-                 "r"(uint32_t(len))
-                 : "memory");
-  }
-}
 
 // The slots of blockIdx's expert that its block computes: every slot of
 // that expert (one per token, at most kMaxTok) when slot0 is the first of
@@ -392,8 +363,6 @@ __global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(Sm
       }
     }
   }
-
-  if (threadIdx.x == 0) prefetch_tail_share(a);
 
   // Arrive at the tile; the last of its gridDim.y blocks sums the parts.
   __syncthreads();
