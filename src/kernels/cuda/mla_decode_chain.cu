@@ -252,14 +252,14 @@ struct AttnSmem {
   }
 };
 
-// cp.async of tile `tile` of the split into `stage`: the rows before the new
-// token's (`old`), only the new token's row (`!old`), or both.
+// cp.async of tile `tile` of the split into `stage`, all its rows or (`old`)
+// all but the new token's; rows past the split's end are zeroed.
 __device__ void load_tile(const MlaDecodeChainParams& p, const Split& sp, const AttnSmem& a, int tile, int stage,
-                          bool old, bool fresh) {
+                          bool old) {
   for (int i = threadIdx.x; i < kTile * kRowChunks; i += kThreads) {
     const int r = i / kRowChunks, c = i % kRowChunks, row = tile * kTile + r;
-    const bool valid = row < sp.rows, is_new = sp.row0 + row == sp.last_row;
-    if (valid ? (is_new ? !fresh : !old) : !old) continue;  // rows past the end are zeroed with the old ones
+    const bool valid = row < sp.rows;
+    if (old && valid && sp.row0 + row == sp.last_row) continue;
     const int64_t slot = valid ? sp.slot(row) : 0;
     cp_async_16(a.k + (stage * kTile + r) * kPitch + c * 8, p.cache + slot * kRow + c * 8, valid ? 16 : 0);
   }
@@ -269,7 +269,7 @@ __device__ void load_tile(const MlaDecodeChainParams& p, const Split& sp, const 
 // new token's row, which phase 2 writes.
 __device__ void preload_split(const MlaDecodeChainParams& p, const Split& sp, uint8_t* smem) {
   const AttnSmem a(smem);
-  for (int t = 0; t < 2 && t * kTile < sp.rows; ++t) load_tile(p, sp, a, t, t, true, false);
+  for (int t = 0; t < 2 && t * kTile < sp.rows; ++t) load_tile(p, sp, a, t, t, true);
   cp_async_commit();
 }
 
@@ -289,7 +289,11 @@ __device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s,
     const int r = i / kRowChunks, c = i % kRowChunks;
     cp_async_16(q_s + r * kPitch + c * 8, s.q_cat + r * kRow + c * 8);
   }
-  for (int t = 0; t < 2 && t * kTile < rows; ++t) load_tile(p, sp, a, t, t, false, true);
+  // The new token's row, if preload_split left it out.
+  const int new_row = sp.last_row - sp.row0;
+  if (new_row >= 0 && new_row < min(rows, 2 * kTile))
+    for (int c = tid; c < kRowChunks; c += kThreads)
+      cp_async_16(k_s + new_row * kPitch + c * 8, p.cache + sp.slot(new_row) * kRow + c * 8);
   cp_async_commit();
   if (tid < kH) m_run[tid] = -INFINITY, l_run[tid] = 0.0f;
 
@@ -299,7 +303,7 @@ __device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s,
   const int tiles = ceil_div(rows, kTile);
   for (int t = 0; t < tiles; ++t) {
     if (t >= 1 && t + 1 < tiles) {  // tiles 0 and 1 are in already
-      load_tile(p, sp, a, t + 1, (t + 1) % 2, true, true);
+      load_tile(p, sp, a, t + 1, (t + 1) % 2, false);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
