@@ -23,15 +23,13 @@ struct MoeSlots {
   int top_k, num_shared, num_experts;  // num_experts: routed ones
 
   __host__ __device__ __forceinline__ int per_token() const { return top_k + num_shared; }
-  // Read through L2 (ld.global.cg): the small MoE's down kernel reads the
-  // routing before its PDL wait (moe_small.cuh), where L1 could be stale.
   __device__ __forceinline__ int expert(int slot) const {
     const int t = slot / per_token(), j = slot % per_token();
-    return j < top_k ? __ldcg(topk_ids + t * top_k + j) : num_experts + j - top_k;
+    return j < top_k ? topk_ids[t * top_k + j] : num_experts + j - top_k;
   }
   __device__ __forceinline__ float weight(int slot) const {
     const int t = slot / per_token(), j = slot % per_token();
-    return j < top_k ? __ldcg(topk_weights + t * top_k + j) : 1.0f;
+    return j < top_k ? topk_weights[t * top_k + j] : 1.0f;
   }
 };
 

@@ -13,10 +13,8 @@
 // Activations stay bf16 (x) / f32 (sums) on both stacks: FP8 weights are
 // dequantized in registers (16 values and one 128x128 block scale a chunk).
 //
-// Both kernels are programmatic dependents (pdl.cuh) that launch during the
-// previous kernel's tail and request weights before waiting: gate_up those
-// of the shared experts (no routing needed), down its expert rows (the
-// routing is final by its launch).
+// Both kernels are programmatic dependents (pdl.cuh): each launches during
+// the previous kernel's tail and waits before reading the routing.
 // NOTES: decode is bound by streaming expert weights, so every lane keeps 16
 // 16-byte weight loads in flight (ld.global.nc.L1::no_allocate: read once,
 // kept out of L1, where x and act, which every warp re-reads, stay), and the
@@ -170,44 +168,41 @@ __device__ __forceinline__ void gather_expert_slots(const MoeSlots& slots, int s
   __syncthreads();
 }
 
-// The slot of gate_up block row y: the shared experts' slots first (their
-// weights do not depend on the routing, so those blocks, scheduled first,
-// stream them while the router still runs), then the routed ones.
-__device__ __forceinline__ int gate_up_slot(const MoeSlots& slots, int num_tokens, int y) {
-  const int shared = num_tokens * slots.num_shared;
-  if (y < shared) return y / slots.num_shared * slots.per_token() + slots.top_k + y % slots.num_shared;
-  y -= shared;
-  return y / slots.top_k * slots.per_token() + y % slots.top_k;
-}
-
-// Block (column tile blockIdx.x, slot gate_up_slot(blockIdx.y)); each warp
-// owns kCols columns (a gate and an up row each). A shared expert's block
-// requests its first round of weights before the PDL wait. The wait comes
-// before this kernel lets the down kernel launch, so the down kernel may
-// read the routing before its own wait.
+// Block (column tile blockIdx.x, slot blockIdx.y); each warp owns kCols
+// columns (a gate and an up row each).
 template <typename Stacks, int kMaxTok, int kCols>
 __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kernel(SmallMoeArgs<Stacks> a) {
   constexpr int kE = Stacks::kElems, kUnroll = 8 / kCols;
   __shared__ int s_slot[kMaxTok];
   __shared__ int s_n;
-  const int per_token = a.slots.per_token(), total = a.num_tokens * per_token;
-  const int slot0 = gate_up_slot(a.slots, a.num_tokens, blockIdx.y);
+  pdl_enter();  // the routing and x come from earlier kernels
+  if (blockIdx.x == 0 && blockIdx.y == 0)
+    for (int i = threadIdx.x; i < a.down_tiles; i += blockDim.x) a.tile_arrivals[i] = 0;
+  const int slot0 = blockIdx.y, per_token = a.slots.per_token(), total = a.num_tokens * per_token;
+  const int expert = a.slots.expert(slot0);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  gather_expert_slots<kMaxTok>(a.slots, slot0, total, s_slot, &s_n);
+  const int n = s_n;
   const int col0 = (blockIdx.x * kSmallGateUpWarps + warp) * kCols;
-  const int D = a.hidden, I = a.inter, chunks = D / kE;
-  const int j0 = slot0 % per_token;
-  // A shared expert serves every token; its first token's block does the work.
-  const bool shared_worker = j0 >= a.slots.top_k && slot0 < per_token;
+  if (n == 0 || col0 >= a.inter) return;
 
+  const int D = a.hidden, I = a.inter, chunks = D / kE;
+  int slot[kMaxTok];
+  const __nv_bfloat16* xrow[kMaxTok];
+#pragma unroll
+  for (int t = 0; t < kMaxTok; ++t) {
+    slot[t] = t < n ? s_slot[t] : slot0;
+    xrow[t] = a.x + int64_t(slot[t] / per_token) * D;
+  }
   const uint8_t* row[kCols][2];
-  uint4 wv[kCols][2][kUnroll];
-  auto set_rows = [&](int expert) {
 #pragma unroll
-    for (int c = 0; c < kCols; ++c)
+  for (int c = 0; c < kCols; ++c)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) row[c][h] = a.w.gate_up_row(expert, min(col0 + c, I - 1), h == 1, I, D);
-  };
-  auto load_round = [&](int k0) {
+    for (int h = 0; h < 2; ++h) row[c][h] = a.w.gate_up_row(expert, min(col0 + c, I - 1), h == 1, I, D);
+
+  float acc[kCols][2][kMaxTok] = {};
+  for (int k0 = 0; k0 < chunks; k0 += 32 * kUnroll) {
+    uint4 wv[kCols][2][kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int kc = k0 + u * 32 + lane;
@@ -217,36 +212,6 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
         for (int h = 0; h < 2; ++h)
           wv[c][h][u] = kc < chunks ? load_weights_16(row[c][h] + int64_t(kc) * 16) : make_uint4(0, 0, 0, 0);
     }
-  };
-  const int shared_expert = a.slots.num_experts + j0 - a.slots.top_k;
-  if (shared_worker) {
-    set_rows(shared_expert);
-    load_round(0);
-  }
-  pdl_wait();  // the routing and x come from earlier kernels
-  pdl_launch_dependents();
-  if (blockIdx.x == 0 && blockIdx.y == 0)
-    for (int i = threadIdx.x; i < a.down_tiles; i += blockDim.x) a.tile_arrivals[i] = 0;
-  gather_expert_slots<kMaxTok>(a.slots, slot0, total, s_slot, &s_n);
-  const int n = s_n;
-  if (n == 0 || col0 >= I) return;
-  const int expert = shared_worker ? shared_expert : a.slots.expert(slot0);
-
-  int slot[kMaxTok];
-  const __nv_bfloat16* xrow[kMaxTok];
-#pragma unroll
-  for (int t = 0; t < kMaxTok; ++t) {
-    slot[t] = t < n ? s_slot[t] : slot0;
-    xrow[t] = a.x + int64_t(slot[t] / per_token) * D;
-  }
-  if (!shared_worker) {
-    set_rows(expert);
-    load_round(0);
-  }
-
-  float acc[kCols][2][kMaxTok] = {};
-  for (int k0 = 0; k0 < chunks; k0 += 32 * kUnroll) {
-    if (k0 > 0) load_round(k0);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int kc = k0 + u * 32 + lane;
@@ -295,47 +260,36 @@ __global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(Sm
   __shared__ int s_slot[kMaxTok];
   __shared__ int s_n;
   __shared__ bool s_last;
-  pdl_launch_dependents();
+  pdl_enter();  // act comes from the gate_up kernel
   const int slot0 = blockIdx.y, per_token = a.slots.per_token(), T = a.num_tokens, total = T * per_token;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int D = a.hidden, I = a.inter, chunks = I / kE;
   const int d0 = blockIdx.x * kTileRows, r0 = d0 + warp * kRowsPerWarp;
-  // The routing is final: gate_up let this kernel launch only after its own
-  // wait. So the slots and the first round of weights come before this
-  // kernel's wait, which is for act.
   gather_expert_slots<kMaxTok>(a.slots, slot0, total, s_slot, &s_n);
   const int n = s_n;
-  const bool active = n > 0 && r0 < D;
-  const int expert = active ? a.slots.expert(slot0) : 0;
-  int slot[kMaxTok];
-  float weight[kMaxTok];
-  const uint8_t* row[kRowsPerWarp];
-  uint4 wv[kRowsPerWarp][kUnroll];
-  auto load_round = [&](int k0) {
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int kc = k0 + u * 32 + lane;
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r)
-        wv[r][u] = kc < chunks ? load_weights_16(row[r] + int64_t(kc) * 16) : make_uint4(0, 0, 0, 0);
-    }
-  };
-  if (active) {
+
+  if (n > 0 && r0 < D) {
+    const int expert = a.slots.expert(slot0);
+    int slot[kMaxTok];
+    float weight[kMaxTok];
 #pragma unroll
     for (int t = 0; t < kMaxTok; ++t) {
       slot[t] = t < n ? s_slot[t] : slot0;
       weight[t] = a.slots.weight(slot[t]);
     }
+    const uint8_t* row[kRowsPerWarp];
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) row[r] = a.w.down_row(expert, min(r0 + r, D - 1), I, D);
-    load_round(0);
-  }
-  pdl_wait();
-
-  if (active) {
     float acc[kRowsPerWarp][kMaxTok] = {};
     for (int k0 = 0; k0 < chunks; k0 += 32 * kUnroll) {
-      if (k0 > 0) load_round(k0);
+      uint4 wv[kRowsPerWarp][kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int kc = k0 + u * 32 + lane;
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r)
+          wv[r][u] = kc < chunks ? load_weights_16(row[r] + int64_t(kc) * 16) : make_uint4(0, 0, 0, 0);
+      }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int kc = k0 + u * 32 + lane;
