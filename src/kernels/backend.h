@@ -122,6 +122,20 @@ struct MlaPrepare {
 // o_proj's output (Backend::mla_decode_chain): the same function as
 // model/mla_attention.cpp's op sequence (fused q / kv_a projection, latent
 // write, q_nope·W_UK, attention, ·W_UV, o_proj) for models without q_lora.
+// What may follow the chain in the same op at a MoE layer: the
+// post-attention norm with the residual add (rms_norm's semantics: residual
+// += the chain's output in place, normed = rmsnorm(residual) * norm_weight)
+// and the router's selection over normed (moe_select's semantics).
+struct MlaChainMoeTail {
+  Tensor norm_weight;  // {D}
+  float eps = 1e-6f;
+  Tensor residual, normed;  // {T, D}
+  const Weight* router = nullptr;  // {E, D}
+  Tensor bias;                     // {E} (noaux_tc) or undefined
+  RouterParams routing;
+  Tensor topk_ids, topk_weights;  // {T, top_k}
+};
+
 struct MlaDecodeChain {
   Tensor h;                        // {T, D}
   const Weight* qkv_a = nullptr;   // rows [q_proj {H (Dn + R)} | kv_a_proj_with_mqa {L + R}], K = D
@@ -131,6 +145,7 @@ struct MlaDecodeChain {
   Tensor cache;                    // {S, L + R}
   Tensor inv_freq;                 // {R / 2}
   float cos_sin_scale = 1.0f, eps = 1e-6f, softmax_scale = 1.0f;
+  const MlaChainMoeTail* moe_tail = nullptr;  // also do the MoE layer's start
 };
 
 class Backend {
@@ -225,8 +240,9 @@ class Backend {
                                       float scale, Tensor out) = 0;
   // The whole chain of MlaDecodeChain as one op where the backend has it for
   // this batch and these widths (CUDA: one token, V2-Lite widths, bf16):
-  // returns true having written out{T, D} and the cache row. Returns false
-  // having done nothing, and the model runs the ops one by one.
+  // returns true having written out{T, D} and the cache row (and, with a
+  // moe_tail, its outputs). Returns false having done nothing, and the model
+  // asks again without the tail or runs the ops one by one.
   virtual bool mla_decode_chain(const MlaDecodeChain& /*chain*/, const DeviceBatch& /*batch*/, Tensor /*out*/) {
     return false;
   }

@@ -56,9 +56,30 @@ void DeepseekModel::run_block(const DecoderLayerWeights& w, const DeviceBatch& b
     backend_.rms_norm(x, w.input_layernorm, eps, normed, residual);
   }
   Tensor attn_out = backend_.alloc(x.shape(), act);
-  mla_attention(backend_, mla_, w.attn, normed, batch, absorbed, cache, attn_out);
-  backend_.rms_norm(attn_out, w.post_attention_layernorm, eps, normed, residual);
   Tensor mlp_out = backend_.alloc(x.shape(), act);
+  if (w.moe) {
+    // The norm and the router may run inside the attention op (one kernel at
+    // decode batch 1 on CUDA); normed is then the MoE's input.
+    const int64_t k = w.moe->routing.top_k;
+    MlaChainMoeTail tail;
+    tail.norm_weight = w.post_attention_layernorm;
+    tail.eps = eps;
+    tail.residual = residual;
+    tail.normed = normed;
+    tail.router = &w.moe->router;
+    tail.bias = w.moe->score_correction_bias;
+    tail.routing = w.moe->routing;
+    tail.topk_ids = backend_.alloc({x.dim(0), k}, DType::I32);
+    tail.topk_weights = backend_.alloc({x.dim(0), k}, DType::F32);
+    if (mla_attention(backend_, mla_, w.attn, normed, batch, absorbed, cache, attn_out, &tail)) {
+      backend_.moe_experts(normed, w.moe->experts, tail.topk_ids, tail.topk_weights, mlp_out);
+      x = mlp_out;
+      return;
+    }
+  } else {
+    mla_attention(backend_, mla_, w.attn, normed, batch, absorbed, cache, attn_out);
+  }
+  backend_.rms_norm(attn_out, w.post_attention_layernorm, eps, normed, residual);
   if (w.moe) {
     moe_block(backend_, *w.moe, normed, mlp_out);
   } else {

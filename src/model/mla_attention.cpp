@@ -6,8 +6,8 @@ namespace mlaserve {
 // code and transformers build them with the RMSNorm default, not rms_norm_eps.
 constexpr float kLatentNormEps = 1e-6f;
 
-void mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w, const Tensor& h,
-                   const DeviceBatch& batch, bool absorbed, Tensor cache, Tensor out) {
+bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w, const Tensor& h,
+                   const DeviceBatch& batch, bool absorbed, Tensor cache, Tensor out, const MlaChainMoeTail* moe_tail) {
   const ModelConfig& c = *ctx.config;
   const int64_t T = h.dim(0), H = c.num_attention_heads, L = c.kv_lora_rank, R = c.qk_rope_head_dim;
   const int64_t Dn = c.qk_nope_head_dim, Dv = c.v_head_dim, Nq = H * (Dn + R);
@@ -25,7 +25,10 @@ void mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
     chain.cos_sin_scale = ctx.cos_sin_scale;
     chain.eps = kLatentNormEps;
     chain.softmax_scale = ctx.softmax_scale;
-    if (backend.mla_decode_chain(chain, batch, out)) return;
+    chain.moe_tail = moe_tail;
+    if (moe_tail && backend.mla_decode_chain(chain, batch, out)) return true;
+    chain.moe_tail = nullptr;
+    if (backend.mla_decode_chain(chain, batch, out)) return false;
   }
   auto prepare = [&](const MlaPrepare& p) {
     backend.mla_prepare(p, batch.positions, batch.out_slots, ctx.inv_freq, ctx.cos_sin_scale);
@@ -106,6 +109,7 @@ void mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
     backend.mla_attention_expanded(q, kv.view({Lk, H, Dn + Dv}), k_pe, batch, ctx.softmax_scale, attn);
   }
   backend.linear(attn.view({T, H * Dv}), w.o_proj, out);
+  return false;
 }
 
 }  // namespace mlaserve

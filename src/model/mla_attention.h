@@ -23,8 +23,10 @@ struct MlaContext {
 
 // out{T, D} = o_proj(attention(h{T, D})). Writes this batch's latent rows
 // [c_kv | k_pe] to cache{S, L + R} at batch.out_slots first, then attends
-// over each sequence's kv_slots.
-void mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w, const Tensor& h,
-                   const DeviceBatch& batch, bool absorbed, Tensor cache, Tensor out);
+// over each sequence's kv_slots. With moe_tail, returns whether the backend
+// also did the tail (Backend::mla_decode_chain); the caller does it if not.
+bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w, const Tensor& h,
+                   const DeviceBatch& batch, bool absorbed, Tensor cache, Tensor out,
+                   const MlaChainMoeTail* moe_tail = nullptr);
 
 }  // namespace mlaserve

@@ -188,18 +188,110 @@ TEST(MlaDecodeChain, MatchesTheOpByOpPathAndTheCpuReference) {
   }
 }
 
-// Inside a two-layer V2-Lite-width model (dense layers, small vocabulary):
-// decode steps as one kernel, eager and replayed from a graph captured at a
-// shorter context, against the op-by-op steps.
+// With the MoE layer's start folded in (MlaChainMoeTail): the residual and
+// the normed row against the op-by-op path (attention, rms_norm), and the
+// routing against the CPU backend's moe_select on the kernel's own normed
+// row (so a near-tie between the two paths' rows cannot flip the check).
+TEST(MlaDecodeChain, MoeTailMatchesTheNormAndTheRouter) {
+  MLA_SKIP_WITHOUT_GPU();
+  const ModelConfig c = v2_lite();
+  auto gpu_backend = make_cuda_backend(0);
+  ASSERT_TRUE(gpu_backend);
+  auto& gpu = dynamic_cast<CudaBackend&>(*gpu_backend);
+  const MlaDecodeChainShape shape{c.hidden_size, c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim,
+                                  c.kv_lora_rank, c.v_head_dim};
+  const int E = c.n_routed_experts, k = c.num_experts_per_tok;
+  if (!mla_decode_chain_applies(shape, gpu.sm_count()) || !mla_decode_chain_routes(E, gpu.sm_count()))
+    GTEST_SKIP() << "the chain kernel needs a Hopper GPU";
+  auto cpu = make_cpu_backend();
+  std::mt19937 rng(23);
+  const RandomMla weights(c, rng);
+  const MlaWeights w_gpu = weights.on(gpu);
+  const MlaContext ctx = context_on(gpu, c);
+  const int64_t D = c.hidden_size, row = c.kv_lora_rank + c.qk_rope_head_dim;
+  const HostValues router = random_values({E, D}, rng, -0.05f, 0.05f);
+  const HostValues norm_w = random_values({D}, rng, 0.5f, 1.5f);
+  const Weight router_gpu = gpu.load_weight(router.as(DType::F32), Tensor());
+  const Weight router_cpu = cpu->load_weight(router.as(DType::F32), Tensor());
+  RouterParams routing;  // V2-Lite's gate
+  routing.method = TopkMethod::GroupLimitedGreedy;
+  routing.top_k = k;
+
+  for (int kv_len : {7, 640}) {
+    SCOPED_TRACE(kv_len);
+    const ForwardBatch fb = decode_batch(kv_len, kv_len + 5, rng);
+    const DeviceBatch db = gpu.prepare_batch(fb);
+    const HostValues h = random_values({1, D}, rng, -2.0f, 2.0f);
+    const HostValues cache = random_values({kv_len + 5, row}, rng, -2.0f, 2.0f);
+    const HostValues residual = random_values({1, D}, rng, -1.0f, 1.0f);
+    Tensor h_gpu = gpu.load_tensor(h.as(DType::BF16)), gn = gpu.load_tensor(norm_w.as(DType::BF16));
+
+    // Op by op: attention, then rms_norm with the residual.
+    gpu.set_mla_chain(false);
+    Tensor ops_out = gpu.alloc({1, D}, DType::BF16), ops_normed = gpu.alloc({1, D}, DType::BF16);
+    Tensor ops_residual = gpu.load_tensor(residual.as(DType::BF16));
+    mla_attention(gpu, ctx, w_gpu, h_gpu, db, true, gpu.load_tensor(cache.as(DType::BF16)), ops_out);
+    gpu.rms_norm(ops_out, gn, 1e-6f, ops_normed, ops_residual);
+
+    // One kernel with the tail.
+    gpu.set_mla_chain(true);
+    MlaChainMoeTail tail;
+    tail.norm_weight = gn;
+    tail.residual = gpu.load_tensor(residual.as(DType::BF16));
+    tail.normed = gpu.alloc({1, D}, DType::BF16);
+    tail.router = &router_gpu;
+    tail.routing = routing;
+    tail.topk_ids = gpu.alloc({1, k}, DType::I32);
+    tail.topk_weights = gpu.alloc({1, k}, DType::F32);
+    Tensor chain_out = gpu.alloc({1, D}, DType::BF16);
+    ASSERT_TRUE(mla_attention(gpu, ctx, w_gpu, h_gpu, db, true, gpu.load_tensor(cache.as(DType::BF16)), chain_out,
+                              &tail));
+
+    const auto normed = host_floats(gpu, tail.normed);
+    const double residual_err = rel_l2_of(host_floats(gpu, tail.residual), host_floats(gpu, ops_residual));
+    const double normed_err = rel_l2_of(normed, host_floats(gpu, ops_normed));
+
+    // The CPU router on the kernel's normed row.
+    Tensor normed_cpu = Tensor::empty({1, D}, DType::F32);
+    std::copy(normed.begin(), normed.end(), normed_cpu.data<float>());
+    Tensor ids_cpu = cpu->alloc({1, k}, DType::I32), weights_cpu = cpu->alloc({1, k}, DType::F32);
+    cpu->moe_select(cpu->load_tensor(normed_cpu), router_cpu, Tensor(), routing, ids_cpu, weights_cpu);
+    Tensor ids_gpu = gpu.to_host(tail.topk_ids), weights_gpu = gpu.to_host(tail.topk_weights);
+    std::vector<std::pair<int, float>> got, want;
+    for (int j = 0; j < k; ++j) {
+      got.emplace_back(ids_gpu.data<int32_t>()[j], weights_gpu.data<float>()[j]);
+      want.emplace_back(ids_cpu.data<int32_t>()[j], weights_cpu.data<float>()[j]);
+    }
+    std::sort(got.begin(), got.end());
+    std::sort(want.begin(), want.end());
+    std::printf("[mla-chain] moe tail, kv_len %d: residual rel_l2 vs ops %.2e, normed %.2e\n", kv_len, residual_err,
+                normed_err);
+    EXPECT_LT(residual_err, kChainVsOps);
+    EXPECT_LT(normed_err, kChainVsOps);
+    for (int j = 0; j < k; ++j) {
+      EXPECT_EQ(got[j].first, want[j].first) << "expert " << j;
+      EXPECT_NEAR(got[j].second, want[j].second, 1e-4) << "expert " << j;
+    }
+  }
+}
+
+// Inside a two-layer V2-Lite-width model (a dense and a MoE layer, small
+// experts and vocabulary):
+// decode steps as one kernel (with the MoE layer's start in the second),
+// eager and replayed from a graph captured at a shorter context, against
+// the op-by-op steps.
 TEST(MlaDecodeChain, ModelStepsEagerAndReplayedMatchTheOpByOpSteps) {
   MLA_SKIP_WITHOUT_GPU();
   ModelConfig c = v2_lite();
   c.num_hidden_layers = 2;
-  c.first_k_dense_replace = 2;
+  c.first_k_dense_replace = 1;
   c.intermediate_size = 1024;
+  c.n_routed_experts = 8;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 256;
   c.vocab_size = 512;
   c.num_nextn_predict_layers = 0;
-  mlaserve::testing::TempCheckpoint ckpt(c, "v2_lite_width_dense", 9);
+  mlaserve::testing::TempCheckpoint ckpt(c, "v2_lite_width_two_layers", 9);
   auto backend = make_cuda_backend(0);
   ASSERT_TRUE(backend);
   auto& gpu = dynamic_cast<CudaBackend&>(*backend);

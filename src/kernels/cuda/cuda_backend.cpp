@@ -119,7 +119,7 @@ CudaBackend::CudaBackend()
   gemm_ = std::make_unique<CublasLtGemm>();
   fp8_linear_ = std::make_unique<Fp8Linear>();
   moe_select_ws_ = std::make_unique<MoeSelectWorkspace>();
-  mla_chain_barrier_ = DeviceBuffer(sizeof(unsigned long long));
+  mla_chain_barrier_ = DeviceBuffer(kMlaDecodeChainBarrierBytes);
   MLA_CUDA_CHECK(cudaMemset(mla_chain_barrier_.get(), 0, mla_chain_barrier_.bytes()), "backend start-up");
   pinned_bytes_ = size_t(1) << 20;
   MLA_CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_), "backend start-up");
@@ -697,69 +697,6 @@ void CudaBackend::mla_attention_absorbed(const Tensor& q, const Tensor& cache, c
   cuda::mla_attention_absorbed(p, stream_);
 }
 
-bool CudaBackend::mla_decode_chain(const MlaDecodeChain& c, const DeviceBatch& batch, Tensor out) {
-  if (!mla_chain_ || batch.num_tokens != 1 || batch.num_seqs != 1) return false;
-  const Weight &qkv = *c.qkv_a, &o = *c.o_proj;
-  if (qkv.is_fp8() || o.is_fp8() || c.cache.dtype() != DType::BF16) return false;
-  const int64_t D = c.h.dim(-1), H = c.w_uk.dim(0), Dn = c.w_uk.dim(1), L = c.w_uk.dim(2), Dv = c.w_uv.dim(1);
-  const int64_t R = 2 * c.inv_freq.numel();
-  MLA_CHECK(qkv.out_features() == H * (Dn + R) + L + R && qkv.in_features() == D && o.out_features() == D &&
-                o.in_features() == H * Dv && c.cache.dim(-1) == L + R && c.kv_norm.numel() == L &&
-                out.shape() == c.h.shape(),
-            "mla_decode_chain: h {}, qkv_a {}, w_uk {}, w_uv {}, o_proj {}, cache {}, out {}", shape_str(c.h.shape()),
-            shape_str(qkv.w.shape()), shape_str(c.w_uk.shape()), shape_str(c.w_uv.shape()), shape_str(o.w.shape()),
-            shape_str(c.cache.shape()), shape_str(out.shape()));
-  if (!mla_decode_chain_applies({int(D), int(H), int(Dn), int(R), int(L), int(Dv)}, sm_count_)) return false;
-  MlaDecodeChainParams p;
-  p.h = bf(c.h, "mla_decode_chain", "h");
-  p.w_qkv = as_bf16(qkv.w, "mla_decode_chain");
-  p.kv_norm = as_bf16(c.kv_norm, "mla_decode_chain");
-  p.w_uk = as_bf16(c.w_uk, "mla_decode_chain");
-  p.w_uv = as_bf16(c.w_uv, "mla_decode_chain");
-  p.w_o = as_bf16(o.w, "mla_decode_chain");
-  p.cache = bf(c.cache, "mla_decode_chain", "cache");
-  p.positions = i32(batch.positions, "mla_decode_chain", "positions");
-  p.out_slots = i32(batch.out_slots, "mla_decode_chain", "out_slots");
-  p.kv_indptr = i32(batch.kv_indptr, "mla_decode_chain", "kv_indptr");
-  p.kv_slots = i32(batch.kv_slots, "mla_decode_chain", "kv_slots");
-  check_dev(c.inv_freq, DType::F32, "mla_decode_chain", "inv_freq");
-  p.inv_freq = c.inv_freq.data<float>();
-  p.cos_sin_scale = c.cos_sin_scale;
-  p.eps = c.eps;
-  p.softmax_scale = c.softmax_scale;
-  p.out = bf(out, "mla_decode_chain", "out");
-  Tensor scratch = alloc({int64_t(mla_decode_chain_scratch_bytes(sm_count_))}, DType::U8);
-  p.scratch = scratch.raw();
-  p.barrier = mla_chain_barrier_.get<unsigned long long>();
-  cuda::mla_decode_chain(p, sm_count_, stream_);
-  return true;
-}
-
-void CudaBackend::mla_attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& k_pe,
-                                         const DeviceBatch& batch, float scale, Tensor out) {
-  const int64_t T = q.dim(0), H = q.dim(1), Dv = out.dim(2), Dn = kv.dim(2) - Dv, R = k_pe.dim(1);
-  MLA_CHECK(T == batch.num_tokens && q.dim(2) == Dn + R && kv.dim(1) == H && out.shape() == Shape({T, H, Dv}) &&
-                kv.dim(0) == k_pe.dim(0),
-            "mla_attention_expanded: q {}, kv {}, k_pe {}, out {}", shape_str(q.shape()), shape_str(kv.shape()),
-            shape_str(k_pe.shape()), shape_str(out.shape()));
-  MlaExpandedParams p;
-  p.q = bf(q, "mla_attention_expanded", "q");
-  p.kv = bf(kv, "mla_attention_expanded", "kv");
-  p.k_pe = bf(k_pe, "mla_attention_expanded", "k_pe");
-  p.q_indptr = i32(batch.q_indptr, "mla_attention_expanded", "q_indptr");
-  p.kv_indptr = i32(batch.kv_indptr, "mla_attention_expanded", "kv_indptr");
-  p.num_seqs = batch.num_seqs;
-  p.num_tokens = int(T);
-  p.num_heads = int(H);
-  p.max_q_len = batch.max_q_len;
-  p.nope_dim = int(Dn);
-  p.rope_dim = int(R);
-  p.v_dim = int(Dv);
-  p.scale = scale;
-  p.out = bf(out, "mla_attention_expanded", "out");
-  cuda::mla_attention_expanded(p, stream_);
-}
-
 namespace {
 
 // RouterParams (and the op's bias and outputs) as the router kernels take them.
@@ -793,6 +730,86 @@ MoeRouteParams route_params(const Tensor& bias, const RouterParams& rp, int64_t 
 }
 
 }  // namespace
+
+bool CudaBackend::mla_decode_chain(const MlaDecodeChain& c, const DeviceBatch& batch, Tensor out) {
+  if (!mla_chain_ || batch.num_tokens != 1 || batch.num_seqs != 1) return false;
+  const Weight &qkv = *c.qkv_a, &o = *c.o_proj;
+  if (qkv.is_fp8() || o.is_fp8() || c.cache.dtype() != DType::BF16) return false;
+  const int64_t D = c.h.dim(-1), H = c.w_uk.dim(0), Dn = c.w_uk.dim(1), L = c.w_uk.dim(2), Dv = c.w_uv.dim(1);
+  const int64_t R = 2 * c.inv_freq.numel();
+  MLA_CHECK(qkv.out_features() == H * (Dn + R) + L + R && qkv.in_features() == D && o.out_features() == D &&
+                o.in_features() == H * Dv && c.cache.dim(-1) == L + R && c.kv_norm.numel() == L &&
+                out.shape() == c.h.shape(),
+            "mla_decode_chain: h {}, qkv_a {}, w_uk {}, w_uv {}, o_proj {}, cache {}, out {}", shape_str(c.h.shape()),
+            shape_str(qkv.w.shape()), shape_str(c.w_uk.shape()), shape_str(c.w_uv.shape()), shape_str(o.w.shape()),
+            shape_str(c.cache.shape()), shape_str(out.shape()));
+  if (!mla_decode_chain_applies({int(D), int(H), int(Dn), int(R), int(L), int(Dv)}, sm_count_)) return false;
+  MlaDecodeChainParams p;
+  p.h = bf(c.h, "mla_decode_chain", "h");
+  p.w_qkv = as_bf16(qkv.w, "mla_decode_chain");
+  p.kv_norm = as_bf16(c.kv_norm, "mla_decode_chain");
+  p.w_uk = as_bf16(c.w_uk, "mla_decode_chain");
+  p.w_uv = as_bf16(c.w_uv, "mla_decode_chain");
+  p.w_o = as_bf16(o.w, "mla_decode_chain");
+  p.cache = bf(c.cache, "mla_decode_chain", "cache");
+  p.positions = i32(batch.positions, "mla_decode_chain", "positions");
+  p.out_slots = i32(batch.out_slots, "mla_decode_chain", "out_slots");
+  p.kv_indptr = i32(batch.kv_indptr, "mla_decode_chain", "kv_indptr");
+  p.kv_slots = i32(batch.kv_slots, "mla_decode_chain", "kv_slots");
+  check_dev(c.inv_freq, DType::F32, "mla_decode_chain", "inv_freq");
+  p.inv_freq = c.inv_freq.data<float>();
+  p.cos_sin_scale = c.cos_sin_scale;
+  p.eps = c.eps;
+  p.softmax_scale = c.softmax_scale;
+  p.out = bf(out, "mla_decode_chain", "out");
+  if (c.moe_tail) {
+    const MlaChainMoeTail& t = *c.moe_tail;
+    const Weight& router = *t.router;
+    const int64_t E = router.out_features();
+    if (router.is_fp8() || router.in_features() != D || !mla_decode_chain_routes(int(E), sm_count_)) return false;
+    MLA_CHECK(t.residual.shape() == c.h.shape() && t.normed.shape() == c.h.shape() && t.norm_weight.numel() == D,
+              "mla_decode_chain: residual {}, normed {}, norm {} for h {}", shape_str(t.residual.shape()),
+              shape_str(t.normed.shape()), shape_str(t.norm_weight.shape()), shape_str(c.h.shape()));
+    p.route = route_params(t.bias, t.routing, 1, E, t.topk_ids, t.topk_weights, "mla_decode_chain");
+    require_valid_route(p.route, "mla_decode_chain");
+    p.router = as_bf16(router.w, "mla_decode_chain");
+    p.moe_norm = as_bf16(t.norm_weight, "mla_decode_chain");
+    p.moe_eps = t.eps;
+    p.residual = bf(t.residual, "mla_decode_chain", "residual");
+    p.normed = bf(t.normed, "mla_decode_chain", "normed");
+  }
+  Tensor scratch = alloc({int64_t(mla_decode_chain_scratch_bytes(sm_count_))}, DType::U8);
+  p.scratch = scratch.raw();
+  p.barrier = mla_chain_barrier_.get<unsigned long long>();
+  cuda::mla_decode_chain(p, sm_count_, stream_);
+  return true;
+}
+
+void CudaBackend::mla_attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& k_pe,
+                                         const DeviceBatch& batch, float scale, Tensor out) {
+  const int64_t T = q.dim(0), H = q.dim(1), Dv = out.dim(2), Dn = kv.dim(2) - Dv, R = k_pe.dim(1);
+  MLA_CHECK(T == batch.num_tokens && q.dim(2) == Dn + R && kv.dim(1) == H && out.shape() == Shape({T, H, Dv}) &&
+                kv.dim(0) == k_pe.dim(0),
+            "mla_attention_expanded: q {}, kv {}, k_pe {}, out {}", shape_str(q.shape()), shape_str(kv.shape()),
+            shape_str(k_pe.shape()), shape_str(out.shape()));
+  MlaExpandedParams p;
+  p.q = bf(q, "mla_attention_expanded", "q");
+  p.kv = bf(kv, "mla_attention_expanded", "kv");
+  p.k_pe = bf(k_pe, "mla_attention_expanded", "k_pe");
+  p.q_indptr = i32(batch.q_indptr, "mla_attention_expanded", "q_indptr");
+  p.kv_indptr = i32(batch.kv_indptr, "mla_attention_expanded", "kv_indptr");
+  p.num_seqs = batch.num_seqs;
+  p.num_tokens = int(T);
+  p.num_heads = int(H);
+  p.max_q_len = batch.max_q_len;
+  p.nope_dim = int(Dn);
+  p.rope_dim = int(R);
+  p.v_dim = int(Dv);
+  p.scale = scale;
+  p.out = bf(out, "mla_attention_expanded", "out");
+  cuda::mla_attention_expanded(p, stream_);
+}
+
 
 void CudaBackend::moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& rp, Tensor topk_ids,
                             Tensor topk_weights) {

@@ -7,6 +7,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/grouped_gemm_sm90.cuh"
 #include "kernels/cuda/mma_sm80.cuh"
+#include "kernels/cuda/moe_route_token.cuh"
 #include "kernels/cuda/pdl.cuh"
 
 namespace mlaserve::cuda {
@@ -58,7 +59,7 @@ __host__ __device__ inline Layout layout_for(int grid) {
 // attention partials o{grid, H, L} and (m, l){grid, H} (f32).
 struct Scratch {
   __nv_bfloat16 *qkv, *q_cat, *attn;
-  float *partial_o, *partial_ml;
+  float *partial_o, *partial_ml, *logits;
 };
 __host__ __device__ inline size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 __host__ __device__ inline Scratch carve(void* base, int grid, size_t* bytes) {
@@ -75,6 +76,7 @@ __host__ __device__ inline Scratch carve(void* base, int grid, size_t* bytes) {
   s.attn = reinterpret_cast<__nv_bfloat16*>(take(2 * kAttnWidth));
   s.partial_o = reinterpret_cast<float*>(take(4 * size_t(grid) * kH * kL));
   s.partial_ml = reinterpret_cast<float*>(take(4 * size_t(grid) * kH * 2));
+  s.logits = reinterpret_cast<float*>(take(4 * size_t(kMaxRoutedExperts)));
   if (bytes) *bytes = off;
   return s;
 }
@@ -104,11 +106,16 @@ __device__ __forceinline__ unsigned long long load_acquire(const unsigned long l
 // other threads; writes before a barrier are visible after it (read them with
 // ld.global.cg: L1 is not coherent). A block that waits far beyond any real
 // phase traps instead of hanging.
-constexpr int kBarriers = 4;
+constexpr int kBarriers = 5;  // the fifth ends phase 5; launches without phase 6 only arrive
 
 __device__ __forceinline__ unsigned long long barrier_base(const unsigned long long* count) {
   const unsigned long long per_launch = static_cast<unsigned long long>(kBarriers) * gridDim.x;
   return load_acquire(count) / per_launch * per_launch;
+}
+
+__device__ void grid_arrive(unsigned long long* count) {
+  __syncthreads();
+  if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(count) : "memory");
 }
 
 __device__ void grid_barrier(unsigned long long* count, unsigned long long target) {
@@ -163,6 +170,8 @@ struct Misc {
   float uk_sum[kThreads];
   float cs[kR];                  // {cos, sin} * cos_sin_scale of the token's angles
   __nv_bfloat16 kv_norm[kL];
+  bool group_kept[32];  // route_token's (its sel_s is o)
+  bool last;
 };
 
 // The rope table as mla_prepare forms it, and (last block) kv_a_layernorm's
@@ -476,6 +485,62 @@ __device__ void merge_head(const Scratch& s, int h, int splits, Misc& m) {
   __syncthreads();
 }
 
+// Phase 6 in block e < E: residual + out, its norm and router logit e (the
+// arithmetic of rms_norm and moe_select); the last block to finish writes
+// the residual and the normed row (no block reads the residual after its
+// own logit) and routes. w: this thread's 8 router weights and 8 norm
+// weights, loaded before the PDL wait.
+template <int kPerLane>
+__device__ void route_phase(const MlaDecodeChainParams& p, const Scratch& s, int e, uint4 router_w, uint4 norm_w,
+                            Misc& m) {
+  static_assert(kD == 8 * kThreads, "8 hidden values a thread");
+  const int i0 = threadIdx.x * 8;
+  float v[8], o[8], w[8], g[8];
+  Bf16x8 res;
+  *reinterpret_cast<uint4*>(&res) = load_cg(p.residual + i0);
+  res.to_float(v);
+  Bf16x8 out;
+  *reinterpret_cast<uint4*>(&out) = load_cg(p.out + i0);
+  out.to_float(o);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] += o[j];
+  const Bf16x8 sum = Bf16x8::from_float(v);
+  sum.to_float(v);  // the norm reads what the residual stream will hold
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) ss += v[j] * v[j];
+  const float inv_rms = rsqrtf(block_sum(ss) / float(kD) + p.moe_eps);
+  Bf16x8 nw, rw;
+  *reinterpret_cast<uint4*>(&nw) = norm_w;
+  *reinterpret_cast<uint4*>(&rw) = router_w;
+  nw.to_float(g);
+  rw.to_float(w);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = v[j] * inv_rms * g[j];
+  const Bf16x8 normed = Bf16x8::from_float(v);
+  normed.to_float(v);
+  float dot = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) dot += w[j] * v[j];
+  dot = block_sum(dot);
+  if (threadIdx.x == 0) {
+    s.logits[e] = dot;
+    __threadfence();  // visible to the last block before this one arrives
+    m.last = atomicAdd(reinterpret_cast<unsigned*>(p.barrier + 1), 1u) == unsigned(p.route.num_experts) - 1;
+  }
+  __syncthreads();
+  if (!m.last) return;
+  __threadfence();
+  sum.store(p.residual + i0);
+  normed.store(p.normed + i0);
+  if (threadIdx.x < 32) {
+    MoeRouteParams route = p.route;
+    route.logits = s.logits;
+    route_token<kPerLane>(route, 0, m.o, m.group_kept);
+  }
+  if (threadIdx.x == 0) *reinterpret_cast<unsigned*>(p.barrier + 1) = 0;  // ready for the next launch
+}
+
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecodeChainParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ __align__(8) uint64_t bars[4];
@@ -533,6 +598,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   sp.all_slots = p.kv_slots;
 
   load_constants(p, misc, b == grid - 1);
+  const bool routes = p.router && b < p.route.num_experts;
+  uint4 router_w = make_uint4(0, 0, 0, 0), norm_w = make_uint4(0, 0, 0, 0);
+  if (routes) {
+    router_w = *reinterpret_cast<const uint4*>(p.router + size_t(b) * kD + tid * 8);
+    norm_w = *reinterpret_cast<const uint4*>(p.moe_norm + tid * 8);
+  }
 
   pdl_wait();  // h comes from the previous kernel
   const unsigned long long base = tid == 0 ? barrier_base(p.barrier) : 0;
@@ -606,6 +677,15 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
     sm90::mbar_wait(&bars[3], 0);
     rows_times_vector<kAttnWidth>(o_w, o_n, a, p.out + o0);
   }
+
+  // 6. The MoE layer's start (blocks that take no part only arrive).
+  if (!routes) {
+    grid_arrive(p.barrier);
+    return;
+  }
+  grid_barrier(p.barrier, base + 5 * grid);
+  if (p.route.num_experts <= 64) route_phase<2>(p, s, b, router_w, norm_w, misc);  // route_per_lane's choice
+  else route_phase<8>(p, s, b, router_w, norm_w, misc);
 }
 
 }  // namespace
@@ -623,6 +703,10 @@ bool mla_decode_chain_applies(const MlaDecodeChainShape& s, int sm_count) {
   if (cudaFuncGetAttributes(&attr, mla_decode_chain_kernel) != cudaSuccess) return false;
   // More than half of an SM's shared memory keeps it to one block per SM.
   return layout_for(sm_count).total + attr.sharedSizeBytes <= size_t(max_smem);
+}
+
+bool mla_decode_chain_routes(int num_experts, int sm_count) {
+  return num_experts >= 1 && num_experts <= sm_count && route_per_lane(num_experts) <= 8;
 }
 
 size_t mla_decode_chain_scratch_bytes(int sm_count) {

@@ -16,7 +16,12 @@
 //   3. split attention over the context (16 heads on tensor cores; splits of
 //      multiples of 32 rows, as many as fill the grid), partial results out;
 //   4. each block merges the partials of its heads and applies W_UV to its rows;
-//   5. out[n] = attn · w_o[n] for the block's rows.
+//   5. out[n] = attn · w_o[n] for the block's rows;
+//   6. at a MoE layer (router set), after a fifth barrier: each of the first
+//      E blocks adds out to the residual, norms it (every block for itself)
+//      and forms one router logit; the last to finish writes the residual
+//      and the normed row and routes (moe_select's selection), so the MoE
+//      waits on this kernel only.
 // Intermediates are rounded to bf16 where the op-by-op path stores bf16
 // tensors, so both paths agree up to summation order.
 // Needs every block resident at once: the grid is one block per SM and a
@@ -29,6 +34,8 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#include "kernels/cuda/moe_router.h"
 
 namespace mlaserve::cuda {
 
@@ -55,12 +62,24 @@ struct MlaDecodeChainParams {
   const float* inv_freq = nullptr;         // {R / 2}
   float cos_sin_scale = 1.0f, eps = 1e-6f, softmax_scale = 1.0f;
   __nv_bfloat16* out = nullptr;            // {D}
+  // The MoE layer's start (Backend's MlaChainMoeTail), when router is set:
+  const __nv_bfloat16* router = nullptr;    // {E, D}
+  const __nv_bfloat16* moe_norm = nullptr;  // {D}
+  float moe_eps = 1e-6f;
+  __nv_bfloat16* residual = nullptr;        // {D}, += out
+  __nv_bfloat16* normed = nullptr;          // {D}
+  MoeRouteParams route;                     // logits are the kernel's (set by mla_decode_chain)
   // Scratch (mla_decode_chain_scratch_bytes); barrier: the grid barriers'
-  // arrival counter, zeroed once and kept between launches (it only grows).
+  // arrival counter, zeroed once and kept between launches (it only grows),
+  // then the router's arrival count (back at zero after each launch).
   void* scratch = nullptr;
   unsigned long long* barrier = nullptr;
 };
 
+// Whether phase 6 handles E routed experts on this grid.
+bool mla_decode_chain_routes(int num_experts, int sm_count);
+// Bytes of the barrier buffer (zero it once).
+constexpr size_t kMlaDecodeChainBarrierBytes = 16;
 size_t mla_decode_chain_scratch_bytes(int sm_count);
 void mla_decode_chain(const MlaDecodeChainParams& p, int sm_count, cudaStream_t stream);
 
