@@ -6,29 +6,34 @@ namespace mlaserve {
 // code and transformers build them with the RMSNorm default, not rms_norm_eps.
 constexpr float kLatentNormEps = 1e-6f;
 
+std::optional<MlaDecodeChain> decode_chain(const MlaContext& ctx, const MlaWeights& w, const Tensor& h, Tensor cache) {
+  if (!w.fused_qkv_a_proj || ctx.config->q_lora_rank) return std::nullopt;
+  MlaDecodeChain chain;
+  chain.h = h;
+  chain.qkv_a = &*w.fused_qkv_a_proj;
+  chain.kv_norm = w.kv_a_layernorm;
+  chain.w_uk = w.w_uk;
+  chain.w_uv = w.w_uv;
+  chain.o_proj = &w.o_proj;
+  chain.cache = cache;
+  chain.inv_freq = ctx.inv_freq;
+  chain.cos_sin_scale = ctx.cos_sin_scale;
+  chain.eps = kLatentNormEps;
+  chain.softmax_scale = ctx.softmax_scale;
+  return chain;
+}
+
 bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w, const Tensor& h,
                    const DeviceBatch& batch, bool absorbed, Tensor cache, Tensor out, const MlaChainMoeTail* moe_tail) {
   const ModelConfig& c = *ctx.config;
   const int64_t T = h.dim(0), H = c.num_attention_heads, L = c.kv_lora_rank, R = c.qk_rope_head_dim;
   const int64_t Dn = c.qk_nope_head_dim, Dv = c.v_head_dim, Nq = H * (Dn + R);
   const DType act = backend.act_dtype();
-  if (absorbed && w.fused_qkv_a_proj && !c.q_lora_rank) {
-    MlaDecodeChain chain;
-    chain.h = h;
-    chain.qkv_a = &*w.fused_qkv_a_proj;
-    chain.kv_norm = w.kv_a_layernorm;
-    chain.w_uk = w.w_uk;
-    chain.w_uv = w.w_uv;
-    chain.o_proj = &w.o_proj;
-    chain.cache = cache;
-    chain.inv_freq = ctx.inv_freq;
-    chain.cos_sin_scale = ctx.cos_sin_scale;
-    chain.eps = kLatentNormEps;
-    chain.softmax_scale = ctx.softmax_scale;
-    chain.moe_tail = moe_tail;
-    if (moe_tail && backend.mla_decode_chain(chain, batch, out)) return true;
-    chain.moe_tail = nullptr;
-    if (backend.mla_decode_chain(chain, batch, out)) return false;
+  if (auto chain = absorbed ? decode_chain(ctx, w, h, cache) : std::nullopt) {
+    chain->moe_tail = moe_tail;
+    if (moe_tail && backend.mla_decode_chain(*chain, batch, out)) return true;
+    chain->moe_tail = nullptr;
+    if (backend.mla_decode_chain(*chain, batch, out)) return false;
   }
   auto prepare = [&](const MlaPrepare& p) {
     backend.mla_prepare(p, batch.positions, batch.out_slots, ctx.inv_freq, ctx.cos_sin_scale);

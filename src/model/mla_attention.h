@@ -6,6 +6,8 @@
 //   attention, which then reads the L + R wide latent cache rows directly.
 // Both compute the same function; the absorbed form reads far less memory per
 // decoded token, the expanded one does fewer FLOPs on long prompts.
+#include <optional>
+
 #include "io/model_config.h"
 #include "kernels/backend.h"
 #include "model/layer_weights.h"
@@ -20,6 +22,11 @@ struct MlaContext {
   float cos_sin_scale = 1.0f;
   float softmax_scale = 1.0f;
 };
+
+// The one-op description of this block's absorbed MLA over h{T, D} for
+// Backend::mla_decode_chain, where the weights have that form (q_proj and
+// kv_a_proj_with_mqa stacked, no q_lora); nothing otherwise.
+std::optional<MlaDecodeChain> decode_chain(const MlaContext& ctx, const MlaWeights& w, const Tensor& h, Tensor cache);
 
 // out{T, D} = o_proj(attention(h{T, D})). Writes this batch's latent rows
 // [c_kv | k_pe] to cache{S, L + R} at batch.out_slots first, then attends

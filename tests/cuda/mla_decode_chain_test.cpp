@@ -117,15 +117,20 @@ double rel_l2_of(const std::vector<float>& a, const std::vector<float>& ref) {
   return rel_l2(a, r);
 }
 
+// Whether the chain kernel runs on this GPU at c's widths.
+bool chain_runs(const ModelConfig& c, const CudaBackend& gpu) {
+  const MlaDecodeChainShape shape{c.hidden_size, c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim,
+                                  c.kv_lora_rank, c.v_head_dim};
+  return mla_decode_chain_applies(shape, gpu.sm_count());
+}
+
 TEST(MlaDecodeChain, MatchesTheOpByOpPathAndTheCpuReference) {
   MLA_SKIP_WITHOUT_GPU();
   const ModelConfig c = v2_lite();
   auto gpu_backend = make_cuda_backend(0);
   ASSERT_TRUE(gpu_backend);
   auto& gpu = dynamic_cast<CudaBackend&>(*gpu_backend);
-  const MlaDecodeChainShape shape{c.hidden_size, c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim,
-                                  c.kv_lora_rank, c.v_head_dim};
-  if (!mla_decode_chain_applies(shape, gpu.sm_count())) GTEST_SKIP() << "the chain kernel needs a Hopper GPU";
+  if (!chain_runs(c, gpu)) GTEST_SKIP() << "the chain kernel needs a Hopper GPU";
   auto cpu = make_cpu_backend();
   std::mt19937 rng(11);
   const RandomMla weights(c, rng);
@@ -150,18 +155,8 @@ TEST(MlaDecodeChain, MatchesTheOpByOpPathAndTheCpuReference) {
     gpu.set_mla_chain(false);
     mla_attention(gpu, ctx_gpu, w_gpu, h_gpu, db, true, cache_ops, out_ops);
     gpu.set_mla_chain(true);
-    MlaDecodeChain chain;
-    chain.h = h_gpu;
-    chain.qkv_a = &*w_gpu.fused_qkv_a_proj;
-    chain.kv_norm = w_gpu.kv_a_layernorm;
-    chain.w_uk = w_gpu.w_uk;
-    chain.w_uv = w_gpu.w_uv;
-    chain.o_proj = &w_gpu.o_proj;
-    chain.cache = cache_chain;
-    chain.inv_freq = ctx_gpu.inv_freq;
-    chain.cos_sin_scale = ctx_gpu.cos_sin_scale;
-    chain.softmax_scale = ctx_gpu.softmax_scale;
-    ASSERT_TRUE(gpu.mla_decode_chain(chain, db, out_chain));
+    const auto chain = decode_chain(ctx_gpu, w_gpu, h_gpu, cache_chain);
+    ASSERT_TRUE(chain && gpu.mla_decode_chain(*chain, db, out_chain));
 
     const DeviceBatch db_cpu = cpu->prepare_batch(fb);
     Tensor cache_cpu = cpu->load_tensor(cache.as(DType::F32)), out_cpu = cpu->alloc({1, D}, DType::F32);
@@ -198,10 +193,8 @@ TEST(MlaDecodeChain, MoeTailMatchesTheNormAndTheRouter) {
   auto gpu_backend = make_cuda_backend(0);
   ASSERT_TRUE(gpu_backend);
   auto& gpu = dynamic_cast<CudaBackend&>(*gpu_backend);
-  const MlaDecodeChainShape shape{c.hidden_size, c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim,
-                                  c.kv_lora_rank, c.v_head_dim};
   const int E = c.n_routed_experts, k = c.num_experts_per_tok;
-  if (!mla_decode_chain_applies(shape, gpu.sm_count()) || !mla_decode_chain_routes(E, gpu.sm_count()))
+  if (!chain_runs(c, gpu) || !mla_decode_chain_routes(E, gpu.sm_count()))
     GTEST_SKIP() << "the chain kernel needs a Hopper GPU";
   auto cpu = make_cpu_backend();
   std::mt19937 rng(23);
@@ -295,9 +288,7 @@ TEST(MlaDecodeChain, ModelStepsEagerAndReplayedMatchTheOpByOpSteps) {
   auto backend = make_cuda_backend(0);
   ASSERT_TRUE(backend);
   auto& gpu = dynamic_cast<CudaBackend&>(*backend);
-  const MlaDecodeChainShape shape{c.hidden_size, c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim,
-                                  c.kv_lora_rank, c.v_head_dim};
-  if (!mla_decode_chain_applies(shape, gpu.sm_count())) GTEST_SKIP() << "the chain kernel needs a Hopper GPU";
+  if (!chain_runs(c, gpu)) GTEST_SKIP() << "the chain kernel needs a Hopper GPU";
   DeepseekModel model(ckpt.get(), *backend, {MlaMode::Auto, false});
   constexpr int kPrompt = 200, kSteps = 4, kSlots = 256;
   auto ops_cache = allocate_kv_cache(*backend, model.config(), kSlots);
