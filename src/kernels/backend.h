@@ -118,10 +118,6 @@ struct MlaPrepare {
   float eps = 1e-6f;
 };
 
-// The absorbed MLA of a decode step from the block's normed input to
-// o_proj's output (Backend::mla_decode_chain): the same function as
-// model/mla_attention.cpp's op sequence (fused q / kv_a projection, latent
-// write, q_nope·W_UK, attention, ·W_UV, o_proj) for models without q_lora.
 // What may follow the chain in the same op at a MoE layer: the
 // post-attention norm with the residual add (rms_norm's semantics: residual
 // += the chain's output in place, normed = rmsnorm(residual) * norm_weight)
@@ -136,6 +132,10 @@ struct MlaChainMoeTail {
   Tensor topk_ids, topk_weights;  // {T, top_k}
 };
 
+// The absorbed MLA of a decode step from the block's normed input to
+// o_proj's output (Backend::mla_decode_chain): the same function as
+// model/mla_attention.cpp's op sequence (fused q / kv_a projection, latent
+// write, q_nope·W_UK, attention, ·W_UV, o_proj) for models without q_lora.
 struct MlaDecodeChain {
   Tensor h;                        // {T, D}
   const Weight* qkv_a = nullptr;   // rows [q_proj {H (Dn + R)} | kv_a_proj_with_mqa {L + R}], K = D

@@ -71,18 +71,16 @@ void DeepseekModel::run_block(const DecoderLayerWeights& w, const DeviceBatch& b
     tail.routing = w.moe->routing;
     tail.topk_ids = backend_.alloc({x.dim(0), k}, DType::I32);
     tail.topk_weights = backend_.alloc({x.dim(0), k}, DType::F32);
-    if (mla_attention(backend_, mla_, w.attn, normed, batch, absorbed, cache, attn_out, &tail)) {
-      backend_.moe_experts(normed, w.moe->experts, tail.topk_ids, tail.topk_weights, mlp_out);
-      x = mlp_out;
-      return;
+    if (!mla_attention(backend_, mla_, w.attn, normed, batch, absorbed, cache, attn_out, &tail)) {
+      backend_.rms_norm(attn_out, w.post_attention_layernorm, eps, normed, residual);
+      backend_.moe_select(normed, w.moe->router, w.moe->score_correction_bias, w.moe->routing, tail.topk_ids,
+                          tail.topk_weights);  // router logits + top-k
     }
+    // Routed and shared experts in one call.
+    backend_.moe_experts(normed, w.moe->experts, tail.topk_ids, tail.topk_weights, mlp_out);
   } else {
     mla_attention(backend_, mla_, w.attn, normed, batch, absorbed, cache, attn_out);
-  }
-  backend_.rms_norm(attn_out, w.post_attention_layernorm, eps, normed, residual);
-  if (w.moe) {
-    moe_block(backend_, *w.moe, normed, mlp_out);
-  } else {
+    backend_.rms_norm(attn_out, w.post_attention_layernorm, eps, normed, residual);
     dense_mlp(backend_, *w.mlp, normed, mlp_out);
   }
   x = mlp_out;

@@ -19,11 +19,4 @@ void dense_mlp(Backend& backend, const MlpWeights& w, const Tensor& h, Tensor ou
   backend.linear(hidden, w.down_proj, out);
 }
 
-void moe_block(Backend& backend, const MoeWeights& w, const Tensor& h, Tensor out) {
-  const int64_t T = h.dim(0), k = w.routing.top_k;
-  Tensor ids = backend.alloc({T, k}, DType::I32), weights = backend.alloc({T, k}, DType::F32);
-  backend.moe_select(h, w.router, w.score_correction_bias, w.routing, ids, weights);  // router logits + top-k
-  backend.moe_experts(h, w.experts, ids, weights, out);  // shared experts included
-}
-
 }  // namespace mlaserve

@@ -810,7 +810,6 @@ void CudaBackend::mla_attention_expanded(const Tensor& q, const Tensor& kv, cons
   cuda::mla_attention_expanded(p, stream_);
 }
 
-
 void CudaBackend::moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& rp, Tensor topk_ids,
                             Tensor topk_weights) {
   check_dev(logits, DType::F32, "moe_route", "logits");
