@@ -105,7 +105,10 @@ for step in "${steps[@]}"; do
     engine)
       # The runtime end to end (golden tokens through generate / serve, then
       # bench-one-batch on the model step's v2-lite checkpoint).
-      mkdir -p /tmp/engine && ln -sfn "$CKPT" /tmp/engine/v2lite
+      # The model step's checkpoint when it ran; otherwise engine_check makes
+      # one there (the link must not dangle: make-model would fail on it).
+      make_room_for "$CKPT"
+      mkdir -p /tmp/engine "$CKPT" && ln -sfn "$CKPT" /tmp/engine/v2lite
       python3 scripts/device/engine_check.py "$dir/mlaserve" /tmp/engine --bench-layers 27 \
         --bench-output-len ${ENGINE_OUTPUT:-128} 2>&1 | tee "$OUT/engine.log"
       summary+=("engine check: rc=${PIPESTATUS[0]}")
