@@ -141,7 +141,8 @@ void BM_Sm90MoeFp8(benchmark::State& state) {
   p.num_experts = Fp8MoeData::kExperts;
   p.top_k = Fp8MoeData::kTopK;
   p.out = d.out.get<__nv_bfloat16>();
-  p.variant = Sm90GemmVariant{0, int(state.range(1)), 0, int(state.range(2)), 0, int(state.range(3))};
+  p.variant = Sm90GemmVariant{0, int(state.range(1)), 0, int(state.range(2)), 0, int(state.range(3)),
+                              int(state.range(5))};
   p.num_shared = int(state.range(4));
   DeviceBuffer workspace(fp8_moe_experts_sm90_workspace_bytes(p));
   const double s = run_timed(state, [&] { fp8_moe_experts_sm90(p, workspace.get(), nullptr); });
@@ -205,7 +206,8 @@ void BM_Sm90Fp8Gemm(benchmark::State& state) {
 
 // Variant sweeps (Sm90GemmVariant; 0 / -1: the default): bf16 {tokens,
 // block_m, gather in producer, cluster_m}; fp8 {tokens, overlapped
-// promotion, gather in producer, cluster_m, shared experts}; dense {m, n,
+// promotion, gather in producer, cluster_m, shared experts, block_m (192:
+// runs of an expert's blocks on three consumer warpgroups)}; dense {m, n,
 // k, overlapped, block_m, cluster_m} (cluster_m 1: a CTA a tile, 2: pairs
 // sharing weights).
 void bf16_args(benchmark::internal::Benchmark* b) {
@@ -218,11 +220,14 @@ void bf16_args(benchmark::internal::Benchmark* b) {
     for (int cluster : {1, 2}) b->Args({4096, block_m, 0, cluster});
 }
 void fp8_moe_args(benchmark::internal::Benchmark* b) {
-  for (int tokens : {6, 8, 12, 16, 32, 48, 64, 96, 128, 256, 512}) b->Args({tokens, 1, 1, 0, 0});
-  for (int tokens : {1024, 2048, 4096})
-    for (int cluster : {1, 2}) b->Args({tokens, 1, 0, cluster, 0});
-  b->Args({4096, 0, 0, 2, 0});
-  for (int cluster : {1, 2}) b->Args({4096, 1, 0, cluster, 1});
+  for (int tokens : {6, 8, 12, 16, 32, 48, 64, 96, 128, 256, 512}) b->Args({tokens, 1, 1, 0, 0, 0});
+  for (int tokens : {1024, 2048, 4096}) {
+    for (int cluster : {1, 2}) b->Args({tokens, 1, 0, cluster, 0, 64});
+    b->Args({tokens, 0, 0, 1, 0, 192});
+  }
+  b->Args({4096, 0, 0, 2, 0, 64});
+  for (int cluster : {1, 2}) b->Args({4096, 1, 0, cluster, 1, 64});
+  b->Args({4096, 0, 0, 1, 1, 192});
 }
 // V3 shapes {n, k} at M = 4096: q_a, q_b, kv_a, o_proj, shared-expert gate_up
 // and down, dense-MLP gate_up and down.
@@ -233,6 +238,7 @@ void dense_args(benchmark::internal::Benchmark* b) {
     b->Args({4096, s[0], s[1], 1, 128, 1});
     b->Args({4096, s[0], s[1], 1, 128, 2});
     b->Args({4096, s[0], s[1], 0, 128, 2});
+    b->Args({4096, s[0], s[1], 0, 192, 1});
   }
 }
 BENCHMARK(BM_Sm90MoeBf16)->Apply(bf16_args)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);

@@ -41,14 +41,19 @@ std::vector<Sm90GemmVariant> bf16_variants() {
           Sm90GemmVariant{128, -1, 0, 0, 0, 1}, Sm90GemmVariant{64, -1, 0, 0, 0, 1},
           Sm90GemmVariant{128, -1, 0, 0, 0, 2}, Sm90GemmVariant{64, -1, 0, 0, 0, 2}};
 }
+// The TMA-fed fp8 MoE runs 64-row tiles (fp8_moe_block_m 64, one CTA a
+// tile or pairs) or three consumer warpgroups over runs of an expert's
+// blocks (192, the default).
 std::vector<Sm90GemmVariant> fp8_variants() {
-  return {Sm90GemmVariant{0, 0, 64, 1}, Sm90GemmVariant{0, 1, 64, 1}, Sm90GemmVariant{0, 1, 64, 0, 0, 1},
-          Sm90GemmVariant{0, 1, 64, 0, 0, 2}, Sm90GemmVariant{0, 0, 64, 0, 0, 2}};
+  return {Sm90GemmVariant{0, 0, 64, 1},             Sm90GemmVariant{0, 1, 64, 1},
+          Sm90GemmVariant{0, 1, 64, 0, 0, 1, 64},   Sm90GemmVariant{0, 1, 64, 0, 0, 2, 64},
+          Sm90GemmVariant{0, 0, 64, 0, 0, 2, 64},   Sm90GemmVariant{0, -1, 64, 0, 0, 0, 192}};
 }
 std::string variant_name(const Sm90GemmVariant& v) {
   return "bf16 block_m " + std::to_string(v.bf16_block_m) + ", overlap " + std::to_string(v.fp8_overlap_promotion) +
          ", fp8 block_m " + std::to_string(v.fp8_block_m) + ", gather " + std::to_string(v.gather_in_producer) +
-         ", k splits " + std::to_string(v.fp8_k_splits) + ", cluster_m " + std::to_string(v.cluster_m);
+         ", k splits " + std::to_string(v.fp8_k_splits) + ", cluster_m " + std::to_string(v.cluster_m) +
+         ", fp8 moe block_m " + std::to_string(v.fp8_moe_block_m);
 }
 
 double silu_mul(double g, double u) { return g / (1.0 + std::exp(-g)) * u; }
@@ -240,7 +245,7 @@ TEST_P(Sm90Fp8Moe, MatchesHostExpertsOnDequantizedWeights) {
     fp8_moe_experts_sm90(p, workspace.get(), nullptr);
     const auto out = to_float(download<uint16_t>(dout, size_t(s.tokens) * D));
     const std::string detail = describe(s, with_addend) + ", o" + std::to_string(v.fp8_overlap_promotion) + ", g" +
-                               std::to_string(v.gather_in_producer);
+                               std::to_string(v.gather_in_producer) + ", bm" + std::to_string(v.fp8_moe_block_m);
     const double err = rel_l2(out, ref_scheme), err_exact = rel_l2(out, ref_exact);
     report_fp8("sm90 fp8 moe vs scheme", detail.c_str(), err, kFp8SchemeTol);
     report_fp8("sm90 fp8 moe vs f64", detail.c_str(), err_exact, kFp8ExactTol);
@@ -297,6 +302,9 @@ TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
   // Split K into uneven ranges (3 and 5 do not divide the K blocks of every shape), both tiles.
   variants.push_back(Sm90GemmVariant{0, 1, 64, -1, 3});
   variants.push_back(Sm90GemmVariant{0, 1, 128, -1, 5});
+  // 192 x 128 tiles on three consumer warpgroups (a last tile of 64 or 128 rows idles the others), also split.
+  variants.push_back(Sm90GemmVariant{0, 0, 192, -1, 0, 1});
+  variants.push_back(Sm90GemmVariant{0, 0, 192, -1, 3, 1});
   for (const Sm90GemmVariant& v : variants) {
     SCOPED_TRACE(variant_name(v));
     auto dout = poisoned(size_t(m) * n * 2);
@@ -307,7 +315,7 @@ TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
     p.workspace = workspace.get();
     fp8_gemm_sm90(p, nullptr);
     const auto out = to_float(download<uint16_t>(dout, size_t(m) * n));
-    if (m <= kSm90QuantizeMaxRows && v.fp8_block_m != 128) {
+    if (m <= kSm90QuantizeMaxRows && v.fp8_block_m != 128 && v.fp8_block_m != 192) {
       // Quantizing bf16 rows inside the GEMM gives the same e4m3 values and
       // scales as quantize_fp8_act, and so the same bits.
       auto dout_q = poisoned(size_t(m) * n * 2);

@@ -26,20 +26,20 @@ using sm90::wgmma_desc;
 
 // Every shared-memory tile row is 128 bytes (64 bf16 or 128 e4m3 values of
 // K), the width of the 128-byte swizzle; weight tiles load as 64-row pieces.
-constexpr int kRowBytes = 128, kPieceRows = 64, kThreads = 384;
+constexpr int kRowBytes = 128, kPieceRows = 64;
 
 // bf16, 128 x 256 tiles; the consumer warpgroups split the rows (64 x 256
 // each, one m64n256k16 per 16 of K). 4 stages of 48 KB.
 struct Bf16Rows128 {
   static constexpr bool kFp8 = false, kSplitM = true;
-  static constexpr int kBlockM = 128, kBlockN = 256, kBlockK = 64, kStages = 4;
+  static constexpr int kBlockM = 128, kBlockN = 256, kBlockK = 64, kStages = 4, kConsumers = 2;
 };
 
 // bf16, 64 x 256 tiles; the consumer warpgroups split the columns (64 x 128
 // each, m64n128k16): half the padding of experts' row runs. 5 stages of 40 KB.
 struct Bf16Rows64 {
   static constexpr bool kFp8 = false, kSplitM = false;
-  static constexpr int kBlockM = 64, kBlockN = 256, kBlockK = 64, kStages = 5;
+  static constexpr int kBlockM = 64, kBlockN = 256, kBlockK = 64, kStages = 5, kConsumers = 2;
 };
 
 // fp8, 64 x 256 tiles; the consumer warpgroups split the columns (64 x 128
@@ -51,7 +51,7 @@ struct Bf16Rows64 {
 template <bool kOverlap>
 struct Fp8Tiles {
   static constexpr bool kFp8 = true, kSplitM = false, kOverlapPromotion = kOverlap;
-  static constexpr int kBlockM = 64, kBlockN = 256, kBlockK = 128, kStages = 5;
+  static constexpr int kBlockM = 64, kBlockN = 256, kBlockK = 128, kStages = 5, kConsumers = 2;
 };
 
 // fp8 for dense GEMMs, 128 x 128 tiles; the consumer warpgroups split the
@@ -60,8 +60,24 @@ struct Fp8Tiles {
 template <bool kOverlap>
 struct Fp8Rows128 {
   static constexpr bool kFp8 = true, kSplitM = true, kOverlapPromotion = kOverlap;
-  static constexpr int kBlockM = 128, kBlockN = 128, kBlockK = 128, kStages = 6;
+  static constexpr int kBlockM = 128, kBlockN = 128, kBlockK = 128, kStages = 6, kConsumers = 2;
 };
+
+// fp8, 192 x 128 tiles over three consumer warpgroups (64 x 128 each, one
+// partial set: 160 registers a thread). For the MoE a unit is a run of one
+// to three of an expert's 64-row blocks (GemmArgs::row_units), so each
+// weight tile of an expert crosses from DRAM once for all its rows instead
+// of once per 64-row tile; a warpgroup whose rows are past the run skips
+// its products. 5 stages of 40.75 KB.
+struct Fp8Rows192 {
+  static constexpr bool kFp8 = true, kSplitM = true, kOverlapPromotion = false;
+  static constexpr int kBlockM = 192, kBlockN = 128, kBlockK = 128, kStages = 5, kConsumers = 3;
+};
+
+template <class T>
+constexpr int threads_of() {
+  return 128 * (1 + T::kConsumers);
+}
 
 static_assert(Fp8Tiles<false>::kBlockM == kSm90Fp8BlockM, "the MoE align step pads to the fp8 row tile");
 
@@ -87,6 +103,10 @@ enum class Epilogue {
 struct GemmArgs {
   const int32_t* block_expert = nullptr;  // group of each kBlockM-row block; null: one group
   const int32_t* rows_in_use = nullptr;   // {1}: rows to compute; null: m
+  // Fp8Rows192 MoE: unit i covers row_units[i] % 4 64-row blocks from block
+  // row_units[i] / 4, all one expert's (moe_align_kernel); *num_row_units units.
+  const int32_t* row_units = nullptr;
+  const int32_t* num_row_units = nullptr;
   int m = 0, k = 0;
   int n_out = 0;      // columns of out
   int w_rows = 0;     // rows of one group's weight
@@ -129,9 +149,11 @@ __device__ __forceinline__ void tile_coords(int tile, int m_blocks, int n_tiles,
 }
 
 // A CTA's piece of work: output tile (mb, nb), K blocks [kb_begin, kb_end).
-// The splits of a tile are adjacent units.
+// The splits of a tile are adjacent units. row0: the tile's first row;
+// group: its weight group; consumers: the consumer warpgroups with rows.
 struct WorkUnit {
   int mb, nb, split, kb_begin, kb_end;
+  int row0 = 0, group = 0, consumers = 0;
 };
 
 __device__ __forceinline__ WorkUnit work_unit(int unit, int m_blocks, int n_tiles, int k_blocks, int k_splits,
@@ -205,12 +227,17 @@ enum class ASource { kTma, kGather, kQuantize };
 // from DRAM for 7.5 GB of weights (ncu, H200; 3.6 ms), in pairs 11.2 GB
 // (3.2 ms). Only the weight stream bounds those tiles, not the tensor cores.
 template <class T, Epilogue kEpi, ASource kA, int kCluster>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(threads_of<T>(), 1)
     sm90_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w,
                      const __grid_constant__ CUtensorMap map_a_scale, const GemmArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(kCluster == 1 || (kCluster == 2 && kA == ASource::kTma), "pairs take TMA-fed A only");
+  static_assert(T::kConsumers == 2 || (T::kConsumers == 3 && T::kSplitM && kCluster == 1 && kA == ASource::kTma),
+                "three consumer warpgroups: rows split, one CTA a tile, TMA-fed A");
   constexpr bool kPair = kCluster == 2;
+  constexpr int kThreads = threads_of<T>();
+  // The register file split by role: 128 x 40 + 256 x 232, or 128 x 32 + 384 x 160 (= 65536).
+  constexpr int kProducerRegs = T::kConsumers == 2 ? 40 : 32, kConsumerRegs = T::kConsumers == 2 ? 232 : 160;
   using L = Layout<T>;
   constexpr int kStages = T::kStages;
   extern __shared__ uint8_t smem_raw[];
@@ -236,7 +263,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The TMA thread's arrival, plus every producer thread's when they write A (gather: cp.async; quantize).
       sm90::mbar_init(&full[s], kProducerWrites ? 1 + 128 : 1);
       // Every consumer thread releases; in pairs, one arrival per consumer warp of both CTAs.
-      sm90::mbar_init(&empty[s], kPair ? 2 * 2 * 4 : 2 * 128);
+      sm90::mbar_init(&empty[s], kPair ? 2 * T::kConsumers * 4 : T::kConsumers * 128);
     }
     sm90::mbar_init_fence();
     sm90::tma_prefetch_map(&map_w);
@@ -253,7 +280,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int rows = args.rows_in_use ? *args.rows_in_use : args.m;
   const int m_blocks = (rows + T::kBlockM - 1) / T::kBlockM;
-  const int m_tiles = kPair ? (m_blocks + 1) / 2 : m_blocks;  // row tiles (pairs) the units walk
+  // Row tiles (pairs, runs of an expert's blocks) the units walk.
+  const int m_tiles = args.row_units ? *args.num_row_units : kPair ? (m_blocks + 1) / 2 : m_blocks;
   const int n_tiles = n_tiles_of<T, kEpi>(args.n_out);
   const int k_blocks = args.k / T::kBlockK, units = m_tiles * n_tiles * args.k_splits;
   const int first_unit = kPair ? blockIdx.x / 2 : blockIdx.x, unit_stride = kPair ? gridDim.x / 2 : gridDim.x;
@@ -261,13 +289,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   // streams whole experts' weights, every tile of them once. Measured on the
   // fp8 MoE at 4096 tokens (H200): bands of 1 / 4 / 8 / 16 / 32 pair rows
   // 503 / 499 / 497 / 487 / 470 TFLOP/s.
-  auto unit_at = [&](int unit) {
-    WorkUnit u = work_unit(unit, m_tiles, n_tiles, k_blocks, args.k_splits, kPair ? 1 : kBand);
-    if constexpr (kPair) u.mb = 2 * u.mb + int(rank);
-    return u;
-  };
   // Group of row tile mb (a phantom tile takes its partner's).
   auto group_of = [&](int mb) { return args.block_expert ? args.block_expert[min(mb, m_blocks - 1)] : 0; };
+  // Runs of an expert's blocks walk row-major too: the CTAs running at once
+  // then read each weight tile once and share a few A runs in L2.
+  auto unit_at = [&](int unit) {
+    WorkUnit u = work_unit(unit, m_tiles, n_tiles, k_blocks, args.k_splits, kPair || args.row_units ? 1 : kBand);
+    if constexpr (kPair) u.mb = 2 * u.mb + int(rank);
+    u.consumers = T::kConsumers;
+    if (args.row_units) {
+      const int packed = args.row_units[u.mb], block = packed / 4;
+      u.row0 = block * kPieceRows;
+      u.group = args.block_expert[block];
+      u.consumers = packed % 4;
+    } else {
+      u.row0 = u.mb * T::kBlockM;
+      u.group = group_of(u.mb);
+      if constexpr (T::kConsumers == 3) u.consumers = min(T::kConsumers, (rows - u.row0 + 63) / 64);
+    }
+    return u;
+  };
   // Whether the pair of unit u reads one weight tile (see kCluster).
   auto pair_shares_weights = [&](const WorkUnit& u) {
     const int mb0 = u.mb & ~1;
@@ -289,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   pdl_launch_dependents();
 
   if (kA == ASource::kQuantize && warpgroup == 0) {
-    sm90::setmaxnreg_dec40();
+    sm90::setmaxnreg_dec<kProducerRegs>();
     const int hw = threadIdx.x / 16, j = threadIdx.x % 16;  // row hw of the tile; elements 8j..8j+7 of a K block
     // Thread 0 requests the first stages' weights before waiting for the
     // kernel that wrote x (as the TMA producer below); every thread counts them.
@@ -349,7 +390,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   if (kGatherA && warpgroup == 0) {
-    sm90::setmaxnreg_dec40();
+    sm90::setmaxnreg_dec<kProducerRegs>();
     pdl_wait();  // the row ids and x come from earlier kernels
     // Thread t copies 16-byte chunk t % 8 of rows t / 8 + 16 i.
     constexpr int kRowsPerThread = T::kBlockM / 16;
@@ -359,11 +400,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t phase = 0;
     for (int unit = first_unit; unit < units; unit += unit_stride) {
       const WorkUnit u = unit_at(unit);
-      const int w_row0 = args.block_expert[u.mb] * args.w_rows;
+      const int w_row0 = u.group * args.w_rows;
       int src_row[kRowsPerThread];  // -1: pad row
 #pragma unroll
       for (int i = 0; i < kRowsPerThread; ++i) {
-        const int id = args.gather_ids[u.mb * T::kBlockM + row0 + 16 * i];
+        const int id = args.gather_ids[u.row0 + row0 + 16 * i];
         src_row[i] = id == args.gather_sentinel ? -1 : id / args.gather_div;
       }
       for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
@@ -396,7 +437,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   if (warpgroup == 0) {
-    sm90::setmaxnreg_dec40();
+    sm90::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x != 0) return;
     // A dense GEMM's weights depend on no earlier kernel: the first unit's
     // first stages of weights are requested before waiting for the kernel
@@ -415,7 +456,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t phase = 0;
     for (int unit = first_unit; unit < units; unit += unit_stride) {
       const WorkUnit u = unit_at(unit);
-      const int w_row0 = group_of(u.mb) * args.w_rows;
+      const int w_row0 = u.group * args.w_rows;
       const bool shared = pair_shares_weights(u);
       for (int kb = u.kb_begin; kb < u.kb_end; ++kb, ++issued) {
         if (issued >= early) {
@@ -423,9 +464,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbar_arrive_expect_tx(&full[stage], L::kStageBytes);
           load_weights(stage, u, w_row0, kb, shared);
         }
-        tma_load_2d(a_smem + stage * L::kABytes, &map_a, &full[stage], kb * T::kBlockK, u.mb * T::kBlockM);
-        if constexpr (T::kFp8)
-          tma_load_2d(scale_smem + stage * T::kBlockM, &map_a_scale, &full[stage], u.mb * T::kBlockM, kb);
+        tma_load_2d(a_smem + stage * L::kABytes, &map_a, &full[stage], kb * T::kBlockK, u.row0);
+        if constexpr (T::kFp8) tma_load_2d(scale_smem + stage * T::kBlockM, &map_a_scale, &full[stage], u.row0, kb);
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1;
@@ -446,7 +486,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  sm90::setmaxnreg_inc232();
+  sm90::setmaxnreg_inc<kConsumerRegs>();
   const int wg = warpgroup - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const uint32_t a_base = smem_u32(a_smem) + (T::kSplitM ? wg * 64 * kRowBytes : 0);
   const uint32_t w_base = smem_u32(w_smem) + (T::kSplitM ? 0 : wg * L::kWarpN * kRowBytes);
@@ -468,6 +508,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int unit = first_unit; unit < units; unit += unit_stride) {
     const WorkUnit u = unit_at(unit);
     const int mb = u.mb, nb = u.nb;
+    if (T::kSplitM && wg >= u.consumers) {
+      // No rows of this warpgroup in the unit: it only passes the stages on.
+      for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
+        mbar_wait(&full[stage], phase);
+        release(stage);
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+      continue;
+    }
     float acc[L::kAccum];
 #pragma unroll
     for (int i = 0; i < L::kAccum; ++i) acc[i] = 0.0f;
@@ -505,7 +557,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       // Per 128-wide K block: partial = A_q · W_qᵀ on the tensor cores, then
       // acc += partial * a_scale(row) * w_scale(piece), in f32.
-      const int group = group_of(mb);
+      const int group = u.group;
       const int scale_ld = args.k / 128;
       const float* w_scale_piece[2];
 #pragma unroll
@@ -592,7 +644,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // and column pairs 8j + 2(lane % 4) of each 8-column group j; each
     // output group of 8 columns gets one bf16x2 word per lane of the quad.
     constexpr int kGroups = kEpi == Epilogue::kStore ? L::kAccum / 4 : L::kAccum / 8;
-    const int row = mb * T::kBlockM + (T::kSplitM ? wg * 64 : 0) + warp * 16 + lane / 4;
+    const int row = u.row0 + (T::kSplitM ? wg * 64 : 0) + warp * 16 + lane / 4;
     const int col0 = nb * T::kBlockN + (T::kSplitM ? 0 : wg * L::kWarpN);  // first accumulator column
     const int out_col0 = kEpi == Epilogue::kStore ? col0 : col0 / 2;
     const int quad = lane % 4;
@@ -721,10 +773,10 @@ void launch_gemm(const CUtensorMap& map_a, const CUtensorMap& map_w, const CUten
   if constexpr (kCluster == 1) {
     const int grid = std::min(sm_count(), max_units);
     if (grid <= 0) return;
-    launch_dependent(kernel, dim3(grid), dim3(kThreads), smem, stream, map_a, map_w, map_a_scale, args);
+    launch_dependent(kernel, dim3(grid), dim3(threads_of<T>()), smem, stream, map_a, map_w, map_a_scale, args);
   } else {
     cudaLaunchConfig_t config = {};
-    config.blockDim = dim3(kThreads);
+    config.blockDim = dim3(threads_of<T>());
     config.dynamicSmemBytes = smem;
     config.stream = stream;
     cudaLaunchAttribute attr[2];
@@ -855,7 +907,7 @@ MoeRows moe_rows(const Sm90MoeParams& p, int block_m) {
 }
 
 struct AlignedRows {
-  int32_t *sorted_ids, *block_expert, *rows_in_use, *position;
+  int32_t *sorted_ids, *block_expert, *rows_in_use, *position, *row_units, *num_row_units;
 };
 
 AlignedRows carve_align(Carver& c, const MoeRows& r) {
@@ -864,13 +916,17 @@ AlignedRows carve_align(Carver& c, const MoeRows& r) {
   a.block_expert = c.take<int32_t>(r.max_blocks);
   a.rows_in_use = c.take<int32_t>(1);
   a.position = c.take<int32_t>(r.slot_count);
+  a.row_units = c.take<int32_t>(r.max_blocks);
+  a.num_row_units = c.take<int32_t>(1);
   return a;
 }
 
-void align(const MoeRows& r, const AlignedRows& a, cudaStream_t stream, const char* op) {
-  const size_t smem = sizeof(int32_t) * (3 * r.total_experts + 1);
+// unit_blocks > 0: also cut each expert's run into units of at most that many blocks (Fp8Rows192).
+void align(const MoeRows& r, const AlignedRows& a, int unit_blocks, cudaStream_t stream, const char* op) {
+  const size_t smem = sizeof(int32_t) * ((unit_blocks ? 4 : 3) * r.total_experts + 1);
   moe_align_kernel<<<1, 1024, smem, stream>>>(r.slots, r.slot_count, r.total_experts, r.block_m, r.max_rows,
-                                          a.sorted_ids, a.block_expert, a.rows_in_use, a.position);
+                                          a.sorted_ids, a.block_expert, a.rows_in_use, a.position, unit_blocks,
+                                          unit_blocks ? a.row_units : nullptr, a.num_row_units);
   check_launch(op);
 }
 
@@ -960,6 +1016,17 @@ bool pairs_row_tiles(const Sm90GemmVariant& v, bool by_default) {
   return v.cluster_m == 2 || (v.cluster_m == 0 && by_default);
 }
 
+// Three consumer warpgroups over runs of up to three of an expert's 64-row
+// blocks (Fp8Rows192), for the TMA-fed fp8 MoE (past kFp8GatherMaxTokens).
+// H100, bench_grouped_gemm, V3 routed experts (perf.md session 8): 4096
+// tokens 5.35 ms against 6.07 (64-row tiles) and 6.47 (pairs); 2048: 4.58
+// against 5.72 / 5.23; 1024: 4.37 against 4.52 / 4.34.
+bool fp8_moe_runs(const Sm90MoeParams& p) {
+  const int v = p.variant.fp8_moe_block_m;
+  MLA_CUDA_REQUIRE(v == 0 || v == 64 || v == 192, "sm90 fp8 moe: fp8_moe_block_m must be 0, 64 or 192");
+  return v != 64;
+}
+
 bool fp8_overlapped(const Sm90GemmVariant& v, int k) {
   const int k_blocks = k / kFp8Group;
   return v.fp8_overlap_promotion != 0 && k_blocks >= 2 && k_blocks % 2 == 0;
@@ -970,7 +1037,7 @@ void run_bf16_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) 
   const MoeRows r = moe_rows(p, T::kBlockM);
   const bool gather = gathers_in_producer(p, false);
   const Bf16MoeWorkspace w = carve_bf16(workspace, r, p.hidden, p.inter, gather, nullptr);
-  align(r, w.rows, stream, "sm90 moe align");
+  align(r, w.rows, 0, stream, "sm90 moe align");
   if (!gather) {
     gather_rows_kernel<<<r.max_rows / 8, 256, 0, stream>>>(p.x, w.rows.sorted_ids, r.slots.per_token(),
                                                            r.slot_count, w.rows.rows_in_use, p.hidden, w.x_sorted);
@@ -1026,13 +1093,17 @@ void run_bf16_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) 
   check_launch("sm90 moe combine");
 }
 
-// The fp8 kernel variant for a GEMM with this K.
+// The fp8 kernel variant for a GEMM with this K (args.row_units: Fp8Rows192).
 template <Epilogue kEpi, ASource kA = ASource::kTma>
 void launch_fp8_gemm(const Sm90GemmVariant& v, const CUtensorMap& map_a, const CUtensorMap& map_w,
                      const CUtensorMap& map_a_scale, const GemmArgs& args, int max_m_blocks, cudaStream_t stream,
                      const char* op) {
   const bool overlap = fp8_overlapped(v, args.k);
   if constexpr (kA == ASource::kTma) {
+    if (args.row_units) {
+      launch_gemm<Fp8Rows192, kEpi>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
+      return;
+    }
     if (pairs_row_tiles(v, true)) {
       if (overlap)
         launch_gemm<Fp8Tiles<true>, kEpi, kA, 2>(map_a, map_w, map_a_scale, args, max_m_blocks, stream, op);
@@ -1050,8 +1121,10 @@ void launch_fp8_gemm(const Sm90GemmVariant& v, const CUtensorMap& map_a, const C
 void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
   const MoeRows r = moe_rows(p, kSm90Fp8BlockM);
   const bool gather = gathers_in_producer(p, true);
+  const bool runs = !gather && fp8_moe_runs(p);
+  const int a_box = runs ? Fp8Rows192::kBlockM : kSm90Fp8BlockM;  // rows of the A tiles TMA loads
   const Fp8MoeWorkspace w = carve_fp8(workspace, r, p.num_tokens, p.hidden, p.inter, gather, nullptr);
-  align(r, w.rows, stream, "sm90 fp8 moe align");
+  align(r, w.rows, runs ? Fp8Rows192::kConsumers : 0, stream, "sm90 fp8 moe align");
   if (gather) {
     gather_quantize_kernel<<<(p.num_tokens + 7) / 8, 256, 0, stream>>>(p.x, nullptr, 1, -1, nullptr, p.num_tokens,
                                                                        p.hidden, w.x_q, w.x_scale, p.num_tokens);
@@ -1068,6 +1141,10 @@ void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
   GemmArgs g;
   g.block_expert = w.rows.block_expert;
   g.rows_in_use = w.rows.rows_in_use;
+  if (runs) {
+    g.row_units = w.rows.row_units;
+    g.num_row_units = w.rows.num_row_units;
+  }
   g.m = r.max_rows;
   g.k = p.hidden;
   g.n_out = p.inter;
@@ -1091,8 +1168,8 @@ void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
     launch_fp8_gemm<Epilogue::kSiluHalves, ASource::kGather>(p.variant, unused, map_gate_up, unused, g, r.max_blocks, stream,
                                                  "sm90 fp8 moe gate_up (gathering)");
   } else {
-    launch_fp8_gemm<Epilogue::kSiluHalves>(p.variant, fp8_tile_map(w.x_q, r.max_rows, p.hidden, kSm90Fp8BlockM, "quantized x"),
-                                           map_gate_up, scale_map(w.x_scale, r.max_rows, p.hidden / kFp8Group, kSm90Fp8BlockM),
+    launch_fp8_gemm<Epilogue::kSiluHalves>(p.variant, fp8_tile_map(w.x_q, r.max_rows, p.hidden, a_box, "quantized x"),
+                                           map_gate_up, scale_map(w.x_scale, r.max_rows, p.hidden / kFp8Group, a_box),
                                            g, r.max_blocks, stream, "sm90 fp8 moe gate_up");
   }
 
@@ -1109,9 +1186,9 @@ void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
   g.out = w.down;
   g.out_ld = p.hidden;
   launch_fp8_gemm<Epilogue::kStore>(
-      p.variant, fp8_tile_map(w.act_q, r.max_rows, p.inter, kSm90Fp8BlockM, "quantized activations"),
+      p.variant, fp8_tile_map(w.act_q, r.max_rows, p.inter, a_box, "quantized activations"),
       fp8_tile_map(w_down, int64_t(r.total_experts) * p.hidden, p.inter, kPieceRows, "down weights"),
-      scale_map(w.act_scale, r.max_rows, p.inter / kFp8Group, kSm90Fp8BlockM), g, r.max_blocks, stream,
+      scale_map(w.act_scale, r.max_rows, p.inter / kFp8Group, a_box), g, r.max_blocks, stream,
       "sm90 fp8 moe down");
 
   moe_combine_kernel<<<p.num_tokens, 128, 0, stream>>>(w.down, w.rows.position, r.slots, p.addend, p.hidden, p.out);
@@ -1151,7 +1228,8 @@ double dense_fp8_cost(int64_t tiles, int k_blocks, int splits, int64_t m, int64_
 DenseFp8Plan plan_dense_fp8(const Sm90Fp8GemmParams& p) {
   DenseFp8Plan plan;
   plan.block_m = p.variant.fp8_block_m ? p.variant.fp8_block_m : (p.m <= 64 ? 64 : 128);
-  MLA_CUDA_REQUIRE(plan.block_m == 64 || plan.block_m == 128, "fp8_gemm_sm90: fp8_block_m must be 64 or 128");
+  MLA_CUDA_REQUIRE(plan.block_m == 64 || plan.block_m == 128 || plan.block_m == 192,
+                   "fp8_gemm_sm90: fp8_block_m must be 64, 128 or 192");
   const int block_n = plan.block_m == 64 ? 256 : 128, k_blocks = p.k / kFp8Group;
   const int64_t tiles = int64_t((p.m + plan.block_m - 1) / plan.block_m) * ((p.n + block_n - 1) / block_n);
   if (p.variant.fp8_k_splits > 0) {
@@ -1168,7 +1246,7 @@ DenseFp8Plan plan_dense_fp8(const Sm90Fp8GemmParams& p) {
       }
     }
   }
-  plan.overlap = plan.k_splits == 1 && fp8_overlapped(p.variant, p.k);
+  plan.overlap = plan.k_splits == 1 && plan.block_m != 192 && fp8_overlapped(p.variant, p.k);
   if (plan.k_splits > 1) plan.workspace_bytes = size_t(plan.k_splits) * p.m * p.n * sizeof(float);
   return plan;
 }
@@ -1206,7 +1284,9 @@ void launch_dense_fp8(const Sm90Fp8GemmParams& p, const DenseFp8Plan& plan, Gemm
                                                                          stream, "sm90 fp8 gemm (pairs)");
     return;
   }
-  if (plan.block_m == 128 && plan.overlap)
+  if (plan.block_m == 192)
+    launch_gemm<Fp8Rows192, Epilogue::kStore>(map_a, map_w, map_scale, g, m_blocks, stream, "sm90 fp8 gemm (192 rows)");
+  else if (plan.block_m == 128 && plan.overlap)
     launch_gemm<Fp8Rows128<true>, Epilogue::kStore>(map_a, map_w, map_scale, g, m_blocks, stream, "sm90 fp8 gemm");
   else if (plan.block_m == 128)
     launch_gemm<Fp8Rows128<false>, Epilogue::kStore>(map_a, map_w, map_scale, g, m_blocks, stream, "sm90 fp8 gemm");

@@ -6,8 +6,9 @@
 //
 //   bf16: 128 x 256 tiles (each consumer warpgroup 64 x 256) or 64 x 256
 //         (each 64 x 128), K blocks of 64.
-//   fp8:  64 x 256 tiles (MoE; each consumer warpgroup 64 x 128) or 128 x 128
-//         (dense; each 64 x 128), K blocks of 128; e4m3 x e4m3 wgmma
+//   fp8:  64 x 256 tiles (MoE; each consumer warpgroup 64 x 128), 128 x 128
+//         (dense; each 64 x 128) or 192 x 128 (three consumer warpgroups;
+//         MoE: runs of an expert's blocks), K blocks of 128; e4m3 x e4m3 wgmma
 //         accumulates one 128-wide K block, then the f32 totals add it times
 //         (activation scale of the row) x (weight scale of the 128 x 128
 //         block), DeepSeek's 1x128 / 128x128 scheme; that promotion runs
@@ -47,7 +48,9 @@ constexpr int kSm90Fp8BlockM = 64;
 struct Sm90GemmVariant {
   int bf16_block_m = 0;  // 128: 128 x 256 tiles; 64: 64 x 256 tiles (less padding per expert); 0: by shape
   int fp8_overlap_promotion = -1;  // 1: block k is scaled and added while block k + 1 multiplies; 0: in turn
-  int fp8_block_m = 0;  // dense fp8 only: 64 (64 x 256 tiles) or 128 (128 x 128, overlapped); 0: 128
+  // dense fp8 only: 64 (64 x 256 tiles), 128 (128 x 128, overlapped) or 192 (192 x 128, three consumer
+  // warpgroups); 0: 64 up to 64 rows, else 128
+  int fp8_block_m = 0;
   // MoE gate_up: 1: the GEMM's producer warpgroup gathers x rows (cp.async; fp8: x quantized per token
   // first); 0: x is first copied (bf16) or gathered and quantized (fp8) into expert order, loaded by TMA;
   // -1: 1 for bf16, for fp8 up to 512 tokens.
@@ -57,6 +60,10 @@ struct Sm90GemmVariant {
   // when both are one group's (dense: always; MoE: the same expert), load each weight tile once for
   // both (TMA multicast); 1: one CTA a tile; 0: the measured default (2 for the fp8 MoE, else 1).
   int cluster_m = 0;
+  // fp8 MoE whose A comes by TMA (gather_in_producer 0): 64: 64 x 256 tiles; 192: units of one to
+  // three of an expert's 64-row blocks on three consumer warpgroups (192 x 128 tiles), so each of
+  // the expert's weight tiles is read once for all its rows; 0: 192 (measured faster).
+  int fp8_moe_block_m = 0;
 };
 
 // MoE experts of one layer. Slots: each token has top_k + num_shared slots;

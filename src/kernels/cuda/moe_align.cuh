@@ -35,14 +35,19 @@ struct MoeSlots {
 
 // Groups assignment slots by expert (counting sort in one block): each
 // expert's run starts on a block_m boundary; pads hold the sentinel
-// `assignments`. total_experts = routed + shared.
+// `assignments`. total_experts = routed + shared. With row_units, each
+// expert's run of blocks is also cut into *num_row_units units of at most
+// unit_blocks (<= 3) blocks, as even as possible: row_units[i] = first
+// block * 4 + blocks. Shared memory: 3 (4 with row_units) * E + 1 ints.
 __global__ void moe_align_kernel(MoeSlots slots, int assignments, int total_experts, int block_m, int max_rows,
                                  int32_t* sorted_ids, int32_t* block_expert, int32_t* num_padded,
-                                 int32_t* position) {
+                                 int32_t* position, int unit_blocks = 0, int32_t* row_units = nullptr,
+                                 int32_t* num_row_units = nullptr) {
   extern __shared__ int32_t sh[];
   int32_t* count = sh;                           // [E]
   int32_t* offset = count + total_experts;       // [E + 1]
   int32_t* cursor = offset + total_experts + 1;  // [E]
+  int32_t* unit_offset = cursor + total_experts;  // [E], with row_units
   for (int e = threadIdx.x; e < total_experts; e += blockDim.x) count[e] = cursor[e] = 0;
   for (int i = threadIdx.x; i < max_rows; i += blockDim.x) sorted_ids[i] = assignments;
   __syncthreads();
@@ -50,12 +55,28 @@ __global__ void moe_align_kernel(MoeSlots slots, int assignments, int total_expe
   __syncthreads();
   if (threadIdx.x == 0) {
     offset[0] = 0;
-    for (int e = 0; e < total_experts; ++e) offset[e + 1] = offset[e] + (count[e] + block_m - 1) / block_m * block_m;
+    int units = 0;
+    for (int e = 0; e < total_experts; ++e) {
+      const int blocks = (count[e] + block_m - 1) / block_m;
+      offset[e + 1] = offset[e] + blocks * block_m;
+      if (row_units) {
+        unit_offset[e] = units;
+        units += (blocks + unit_blocks - 1) / unit_blocks;
+      }
+    }
     *num_padded = offset[total_experts];
+    if (row_units) *num_row_units = units;
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < total_experts; e += blockDim.x)
-    for (int b = offset[e] / block_m; b < offset[e + 1] / block_m; ++b) block_expert[b] = e;
+  for (int e = threadIdx.x; e < total_experts; e += blockDim.x) {
+    const int first = offset[e] / block_m, blocks = offset[e + 1] / block_m - first;
+    for (int b = first; b < first + blocks; ++b) block_expert[b] = e;
+    if (row_units) {
+      const int n = (blocks + unit_blocks - 1) / unit_blocks;
+      for (int i = 0; i < n; ++i)
+        row_units[unit_offset[e] + i] = (first + i * blocks / n) * 4 + (i + 1) * blocks / n - i * blocks / n;
+    }
+  }
   for (int i = threadIdx.x; i < assignments; i += blockDim.x) {
     const int e = slots.expert(i);
     const int pos = offset[e] + atomicAdd(&cursor[e], 1);
