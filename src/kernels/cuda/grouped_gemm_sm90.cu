@@ -845,20 +845,10 @@ __global__ void gather_rows_kernel(const __nv_bfloat16* src, const int32_t* sort
   }
 }
 
-// q[m], scale[kb * scale_ld + m] = 1x128 quantization of a source row: with
-// sorted_ids, row sorted_ids[m] / top_k of src (zeros for pads), else row m;
-// m < *rows_in_use, or < rows without rows_in_use. One warp per row, each
-// half-warp one 128-wide group at a time.
-__global__ void gather_quantize_kernel(const __nv_bfloat16* src, const int32_t* sorted_ids, int top_k, int sentinel,
-                                       const int32_t* rows_in_use, int rows, int width, uint8_t* q, float* scale,
-                                       int64_t scale_ld) {
-  const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
-  if (row >= (rows_in_use ? *rows_in_use : rows)) return;
-  const __nv_bfloat16* s = src + row * width;
-  if (sorted_ids) {
-    const int id = sorted_ids[row];
-    s = id == sentinel ? nullptr : src + int64_t(id / top_k) * width;
-  }
+// q[row], scale[kb * scale_ld + row] = 1x128 quantization of the bf16 row s
+// (null: zeros), by one warp, each half-warp one 128-wide group at a time.
+__device__ __forceinline__ void quantize_row(const __nv_bfloat16* s, int64_t row, int width, uint8_t* q, float* scale,
+                                             int64_t scale_ld) {
   const int lane = threadIdx.x % 32, half = lane / 16, j = lane % 16, groups = width / kFp8Group;
   for (int g0 = 0; g0 < groups; g0 += 2) {
     const int g = g0 + half;
@@ -870,6 +860,33 @@ __global__ void gather_quantize_kernel(const __nv_bfloat16* src, const int32_t* 
       if (j == 0) scale[g * scale_ld + row] = part.scale;
     }
   }
+}
+
+// Row m < *rows_in_use (or < rows without rows_in_use) of q / scale is the
+// quantized row m of src. One warp per row.
+__global__ void quantize_rows_kernel(const __nv_bfloat16* src, const int32_t* rows_in_use, int rows, int width,
+                                     uint8_t* q, float* scale, int64_t scale_ld) {
+  const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  if (row >= (rows_in_use ? *rows_in_use : rows)) return;
+  quantize_row(src + row * width, row, width, q, scale, scale_ld);
+}
+
+// The MoE's A in expert order: row position[slot] of q / scale is the
+// quantized x row of the slot's token; pad rows (sorted_ids[m] == sentinel,
+// m < *rows_in_use) are zeros. Warps walk the slots in token order, so each
+// x row is read by neighbouring warps (from L2) rather than once per slot in
+// expert order; warps past the slots zero the pads.
+__global__ void scatter_quantize_kernel(const __nv_bfloat16* x, const int32_t* position, int per_token,
+                                        int slot_count, const int32_t* sorted_ids, int sentinel,
+                                        const int32_t* rows_in_use, int width, uint8_t* q, float* scale,
+                                        int64_t scale_ld) {
+  const int64_t w = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  if (w < slot_count) {
+    quantize_row(x + (w / per_token) * width, position[w], width, q, scale, scale_ld);
+    return;
+  }
+  const int64_t row = w - slot_count;
+  if (row < *rows_in_use && sorted_ids[row] == sentinel) quantize_row(nullptr, row, width, q, scale, scale_ld);
 }
 
 // Workspace pieces, carved from one allocation (null base: size only).
@@ -1126,14 +1143,14 @@ void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
   const Fp8MoeWorkspace w = carve_fp8(workspace, r, p.num_tokens, p.hidden, p.inter, gather, nullptr);
   align(r, w.rows, runs ? Fp8Rows192::kConsumers : 0, stream, "sm90 fp8 moe align");
   if (gather) {
-    gather_quantize_kernel<<<(p.num_tokens + 7) / 8, 256, 0, stream>>>(p.x, nullptr, 1, -1, nullptr, p.num_tokens,
-                                                                       p.hidden, w.x_q, w.x_scale, p.num_tokens);
+    quantize_rows_kernel<<<(p.num_tokens + 7) / 8, 256, 0, stream>>>(p.x, nullptr, p.num_tokens, p.hidden, w.x_q,
+                                                                     w.x_scale, p.num_tokens);
     check_launch("sm90 fp8 moe quantize x");
   } else {
-    gather_quantize_kernel<<<r.max_rows / 8, 256, 0, stream>>>(p.x, w.rows.sorted_ids, r.slots.per_token(),
-                                                               r.slot_count, w.rows.rows_in_use, 0, p.hidden, w.x_q,
-                                                               w.x_scale, r.max_rows);
-    check_launch("sm90 fp8 moe gather+quantize");
+    scatter_quantize_kernel<<<(r.slot_count + r.max_rows + 7) / 8, 256, 0, stream>>>(
+        p.x, w.rows.position, r.slots.per_token(), r.slot_count, w.rows.sorted_ids, r.slot_count,
+        w.rows.rows_in_use, p.hidden, w.x_q, w.x_scale, r.max_rows);
+    check_launch("sm90 fp8 moe scatter+quantize");
   }
 
   const auto* w_gate_up = static_cast<const uint8_t*>(p.w_gate_up);
@@ -1173,8 +1190,8 @@ void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
                                            g, r.max_blocks, stream, "sm90 fp8 moe gate_up");
   }
 
-  gather_quantize_kernel<<<r.max_rows / 8, 256, 0, stream>>>(w.act, nullptr, 1, -1, w.rows.rows_in_use, 0, p.inter,
-                                                             w.act_q, w.act_scale, r.max_rows);
+  quantize_rows_kernel<<<r.max_rows / 8, 256, 0, stream>>>(w.act, w.rows.rows_in_use, 0, p.inter, w.act_q,
+                                                           w.act_scale, r.max_rows);
   check_launch("sm90 fp8 moe act quantize");
 
   g.k = p.inter;

@@ -51,21 +51,54 @@ __global__ void moe_align_kernel(MoeSlots slots, int assignments, int total_expe
   for (int e = threadIdx.x; e < total_experts; e += blockDim.x) count[e] = cursor[e] = 0;
   for (int i = threadIdx.x; i < max_rows; i += blockDim.x) sorted_ids[i] = assignments;
   __syncthreads();
-  for (int i = threadIdx.x; i < assignments; i += blockDim.x) atomicAdd(&count[slots.expert(i)], 1);
+  // Each thread's expert ids are loaded kBatch at a time before their
+  // atomics: one id per atomic made both loops wait on L2 once per slot.
+  constexpr int kBatch = 8;
+  for (int base = threadIdx.x; base < assignments; base += kBatch * blockDim.x) {
+    int e[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = base + b * blockDim.x;
+      e[b] = i < assignments ? slots.expert(i) : -1;
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b)
+      if (e[b] >= 0) atomicAdd(&count[e[b]], 1);
+  }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    offset[0] = 0;
-    int units = 0;
-    for (int e = 0; e < total_experts; ++e) {
+  if (threadIdx.x < 32) {
+    // Padded run lengths (and units) summed by warp 0: each lane a contiguous
+    // range of experts, then a scan across the lanes.
+    const int lane = threadIdx.x, per_lane = (total_experts + 31) / 32;
+    const int e0 = min(lane * per_lane, total_experts), e1 = min(e0 + per_lane, total_experts);
+    int rows = 0, units = 0;
+    for (int e = e0; e < e1; ++e) {
       const int blocks = (count[e] + block_m - 1) / block_m;
-      offset[e + 1] = offset[e] + blocks * block_m;
+      rows += blocks * block_m;
+      if (row_units) units += (blocks + unit_blocks - 1) / unit_blocks;
+    }
+    int rows_before = rows, units_before = units;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int r = __shfl_up_sync(0xffffffffu, rows_before, o), u = __shfl_up_sync(0xffffffffu, units_before, o);
+      if (lane >= o) rows_before += r, units_before += u;
+    }
+    rows_before -= rows;
+    units_before -= units;
+    for (int e = e0; e < e1; ++e) {
+      const int blocks = (count[e] + block_m - 1) / block_m;
+      offset[e] = rows_before;
+      rows_before += blocks * block_m;
       if (row_units) {
-        unit_offset[e] = units;
-        units += (blocks + unit_blocks - 1) / unit_blocks;
+        unit_offset[e] = units_before;
+        units_before += (blocks + unit_blocks - 1) / unit_blocks;
       }
     }
-    *num_padded = offset[total_experts];
-    if (row_units) *num_row_units = units;
+    if (lane == 31) {
+      offset[total_experts] = rows_before;
+      *num_padded = rows_before;
+      if (row_units) *num_row_units = units_before;
+    }
   }
   __syncthreads();
   for (int e = threadIdx.x; e < total_experts; e += blockDim.x) {
@@ -77,11 +110,20 @@ __global__ void moe_align_kernel(MoeSlots slots, int assignments, int total_expe
         row_units[unit_offset[e] + i] = (first + i * blocks / n) * 4 + (i + 1) * blocks / n - i * blocks / n;
     }
   }
-  for (int i = threadIdx.x; i < assignments; i += blockDim.x) {
-    const int e = slots.expert(i);
-    const int pos = offset[e] + atomicAdd(&cursor[e], 1);
-    sorted_ids[pos] = i;
-    position[i] = pos;
+  for (int base = threadIdx.x; base < assignments; base += kBatch * blockDim.x) {
+    int e[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = base + b * blockDim.x;
+      e[b] = i < assignments ? slots.expert(i) : -1;
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (e[b] < 0) continue;
+      const int i = base + b * blockDim.x, pos = offset[e[b]] + atomicAdd(&cursor[e[b]], 1);
+      sorted_ids[pos] = i;
+      position[i] = pos;
+    }
   }
 }
 
