@@ -2,7 +2,8 @@
 // Hopper (sm_90a) grouped GEMMs for the MoE experts and block-FP8 linears:
 // wgmma tensor-core products fed by TMA bulk-tensor loads into a multi-stage
 // shared-memory ring (mbarrier full/empty pairs), one producer warpgroup and
-// two consumer warpgroups, persistent over the output tiles.
+// two (three for 192-row tiles) consumer warpgroups, persistent over the
+// output tiles.
 //
 //   bf16: 128 x 256 tiles (each consumer warpgroup 64 x 256) or 64 x 256
 //         (each 64 x 128), K blocks of 64.
@@ -90,8 +91,10 @@ struct Sm90MoeParams : MoeBatch {
 size_t moe_experts_sm90_workspace_bytes(const Sm90MoeParams& p);
 void moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t stream);
 
-// Block-FP8 weights, 64 x 256 tiles; x is quantized 1x128 while it is
-// gathered, the activations 1x128 after the gate_up epilogue.
+// Block-FP8 weights: up to 512 tokens 64 x 256 tiles with x gathered by the
+// producer; above, x quantized into expert order and runs of an expert's
+// 64-row blocks on 192 x 128 tiles (fp8_moe_block_m); x is quantized 1x128,
+// the activations 1x128 after the gate_up epilogue.
 size_t fp8_moe_experts_sm90_workspace_bytes(const Sm90MoeParams& p);
 void fp8_moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t stream);
 
