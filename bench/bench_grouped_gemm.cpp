@@ -221,6 +221,11 @@ void bf16_args(benchmark::internal::Benchmark* b) {
 }
 void fp8_moe_args(benchmark::internal::Benchmark* b) {
   for (int tokens : {6, 8, 12, 16, 32, 48, 64, 96, 128, 256, 512}) b->Args({tokens, 1, 1, 0, 0, 0});
+  // Where the producer gather (64-row tiles) hands over to runs (TMA-fed A).
+  for (int tokens : {512, 768, 1024, 1280, 1536, 2048}) {
+    b->Args({tokens, 1, 1, 0, 0, 64});
+    b->Args({tokens, 0, 0, 1, 0, 192});
+  }
   for (int tokens : {1024, 2048, 4096}) {
     for (int cluster : {1, 2}) b->Args({tokens, 1, 0, cluster, 0, 64});
     b->Args({tokens, 0, 0, 1, 0, 192});

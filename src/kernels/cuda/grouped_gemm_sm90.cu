@@ -1011,12 +1011,13 @@ int bf16_block_m(const Sm90MoeParams& p) {
   const int64_t padded128 = (mean_rows + 127) / 128 * 128, padded64 = (mean_rows + 63) / 64 * 64;
   return padded64 < padded128 ? 64 : 128;
 }
-// The overlapped promotion runs K blocks in pairs.
 // Measured on an H200 (docs/sm90_gemm.md): the producer's gather is 1-7%
-// faster for bf16 at v2-lite widths at every size, and for fp8 7% faster up
-// to 512 tokens of V3 but 4% slower at 4096, where the gather + quantize
-// pass's expert-ordered copy feeds TMA better (in between: not measured).
-constexpr int kFp8GatherMaxTokens = 512;
+// faster for bf16 at v2-lite widths at every size. fp8 at V3 widths on an
+// H100 (perf.md session 8), the gathering 64-row kernel against runs of an
+// expert's blocks fed by TMA: 4.12 / 4.16 / 4.21 / 4.26 / 4.33 ms against
+// 4.30 / 4.34 / 4.35 / 4.38 / 4.38 at 512 / 768 / 1024 / 1280 / 1536 tokens,
+// 5.33 against 4.57 at 2048.
+constexpr int kFp8GatherMaxTokens = 1536;
 bool gathers_in_producer(const Sm90MoeParams& p, bool fp8) {
   if (p.variant.gather_in_producer >= 0) return p.variant.gather_in_producer != 0;
   return !fp8 || p.num_tokens <= kFp8GatherMaxTokens;
@@ -1035,15 +1036,17 @@ bool pairs_row_tiles(const Sm90GemmVariant& v, bool by_default) {
 
 // Three consumer warpgroups over runs of up to three of an expert's 64-row
 // blocks (Fp8Rows192), for the TMA-fed fp8 MoE (past kFp8GatherMaxTokens).
-// H100, bench_grouped_gemm, V3 routed experts (perf.md session 8): 4096
-// tokens 5.35 ms against 6.07 (64-row tiles) and 6.47 (pairs); 2048: 4.58
-// against 5.72 / 5.23; 1024: 4.37 against 4.52 / 4.34.
+// H100, bench_grouped_gemm, V3 routed experts (perf.md session 8), against
+// TMA-fed 64-row tiles one CTA a tile / in pairs: 4096 tokens 5.35 ms
+// against 6.07 / 6.47; 2048: 4.58 against 5.72 / 5.23; 1024: 4.37 against
+// 4.52 / 4.34.
 bool fp8_moe_runs(const Sm90MoeParams& p) {
   const int v = p.variant.fp8_moe_block_m;
   MLA_CUDA_REQUIRE(v == 0 || v == 64 || v == 192, "sm90 fp8 moe: fp8_moe_block_m must be 0, 64 or 192");
   return v != 64;
 }
 
+// The overlapped promotion runs K blocks in pairs.
 bool fp8_overlapped(const Sm90GemmVariant& v, int k) {
   const int k_blocks = k / kFp8Group;
   return v.fp8_overlap_promotion != 0 && k_blocks >= 2 && k_blocks % 2 == 0;

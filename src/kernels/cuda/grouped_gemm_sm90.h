@@ -53,8 +53,8 @@ struct Sm90GemmVariant {
   // warpgroups); 0: 64 up to 64 rows, else 128
   int fp8_block_m = 0;
   // MoE gate_up: 1: the GEMM's producer warpgroup gathers x rows (cp.async; fp8: x quantized per token
-  // first); 0: x is first copied (bf16) or gathered and quantized (fp8) into expert order, loaded by TMA;
-  // -1: 1 for bf16, for fp8 up to 512 tokens.
+  // first); 0: x is first copied (bf16) or quantized (fp8) into expert order, loaded by TMA;
+  // -1: 1 for bf16, for fp8 up to 1536 tokens.
   int gather_in_producer = -1;
   int fp8_k_splits = 0;  // dense fp8 only: K ranges per output tile (f32 partials, then a sum); 0: by shape
   // Where A comes by TMA and K is not split: 2: CTAs in clusters of two take row tiles 2i, 2i + 1 and,
@@ -91,7 +91,7 @@ struct Sm90MoeParams : MoeBatch {
 size_t moe_experts_sm90_workspace_bytes(const Sm90MoeParams& p);
 void moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t stream);
 
-// Block-FP8 weights: up to 512 tokens 64 x 256 tiles with x gathered by the
+// Block-FP8 weights: up to 1536 tokens 64 x 256 tiles with x gathered by the
 // producer; above, x quantized into expert order and runs of an expert's
 // 64-row blocks on 192 x 128 tiles (fp8_moe_block_m); x is quantized 1x128,
 // the activations 1x128 after the gate_up epilogue.
