@@ -255,15 +255,16 @@ void BM_MlaDecodeFp8Cache(benchmark::State& state) {
   state.counters["splits"] = p.num_splits;
 }
 
+// Args: sequences, length, heads (v2-lite 16, V3 128), q·k on wgmma (1) or mma.sync (0).
 void BM_MlaPrefill(benchmark::State& state) {
-  const int B = int(state.range(0)), len = int(state.range(1)), T = B * len;
+  const int B = int(state.range(0)), len = int(state.range(1)), T = B * len, heads = int(state.range(2));
   const int dqk = 192, dkv = 256;
-  auto q = random_bf16(size_t(T) * kHeads * dqk, 5), kv = random_bf16(size_t(T) * kHeads * dkv, 6),
+  auto q = random_bf16(size_t(T) * heads * dqk, 5), kv = random_bf16(size_t(T) * heads * dkv, 6),
        kpe = random_bf16(size_t(T) * kRope, 7);
   std::vector<int32_t> indptr(B + 1);
   for (int b = 0; b <= B; ++b) indptr[b] = b * len;
   auto dindptr = upload(indptr);
-  DeviceBuffer out(size_t(T) * kHeads * 128 * 2);
+  DeviceBuffer out(size_t(T) * heads * 128 * 2);
   MlaExpandedParams p;
   p.q = q.get<__nv_bfloat16>();
   p.kv = kv.get<__nv_bfloat16>();
@@ -271,16 +272,17 @@ void BM_MlaPrefill(benchmark::State& state) {
   p.q_indptr = p.kv_indptr = dindptr.get<int32_t>();
   p.num_seqs = B;
   p.num_tokens = T;
-  p.num_heads = kHeads;
+  p.num_heads = heads;
   p.max_q_len = len;
   p.nope_dim = 128;
   p.rope_dim = kRope;
   p.v_dim = 128;
   p.scale = 0.07f;
   p.out = out.get<__nv_bfloat16>();
+  p.qk_wgmma = int(state.range(3));
   const double s = run_timed(state, [&] { mla_attention_expanded(p, nullptr); });
   // Causal: about half of the len x len score matrix, q·k over 192 and p·v over 128.
-  const double flops = 2.0 * B * kHeads * (double(len) * (len + 1) / 2) * (dqk + 128);
+  const double flops = 2.0 * B * heads * (double(len) * (len + 1) / 2) * (dqk + 128);
   report(state, s, 0, flops);
 }
 
@@ -441,7 +443,12 @@ BENCHMARK(BM_MlaDecode)
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_MlaDecodeFp8Cache)->Args({1, 4096})->Args({1, 32768})->Args({64, 8192})->Args({128, 4096})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
-BENCHMARK(BM_MlaPrefill)->Args({1, 4096})->Args({8, 512})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
+BENCHMARK(BM_MlaPrefill)
+    ->ArgsProduct({{1}, {4096}, {16, 128}, {0, 1}})
+    ->ArgsProduct({{8}, {512}, {16}, {0, 1}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.2);
 BENCHMARK(BM_MoeSelect)->ArgsProduct({{1, 4, 8}, {0, 1}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
 BENCHMARK(BM_MoeFused)
     ->ArgsProduct({{1, 2, 4, 8}, {1, 2}, {4}, {8}})

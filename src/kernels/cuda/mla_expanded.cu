@@ -4,6 +4,8 @@
 
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/grouped_gemm_sm90.cuh"
+#include "kernels/cuda/grouped_gemm_sm90.h"
 #include "kernels/cuda/mma_sm80.cuh"
 
 namespace mlaserve::cuda {
@@ -13,14 +15,23 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kBlockN = 64;  // kv rows per tile
 
 // kWarps warps of 16 query rows each share every K/V tile a block loads.
-template <int kDn, int kR, int kDv, int kWarps>
+// kSwizzled (q·k on wgmma): Q and K tiles in the 128-byte-swizzled K-major
+// layout wgmma reads (64-dim column blocks of rows of 128 bytes, 1024-byte
+// aligned); otherwise rows padded by 16 bytes (no ldmatrix bank conflicts).
+template <int kDn, int kR, int kDv, int kWarps, bool kSwizzled = false>
 struct ExpandedSmem {
   static constexpr int kBlockM = 16 * kWarps;
   static constexpr int kDqk = kDn + kR;
-  static constexpr int kQStride = kDqk + 8, kKStride = kDqk + 8, kVStride = kDv + 8;  // +16 B: no bank conflicts
+  static constexpr int kPad = kSwizzled ? 0 : 8;
+  static constexpr int kQStride = kDqk + kPad, kKStride = kDqk + kPad, kVStride = kDv + 8;
   static constexpr int kQ = kBlockM * kQStride, kK = kBlockN * kKStride, kV = kBlockN * kVStride;
-  static constexpr size_t kBytes = sizeof(__nv_bfloat16) * (kQ + 2 * (kK + kV));
+  static constexpr size_t kBytes = sizeof(__nv_bfloat16) * (kQ + 2 * (kK + kV)) + (kSwizzled ? 1024 : 0);
 };
+
+// Byte offset of 16-byte chunk `chunk` (8 values) of row r in a swizzled tile of `rows` rows.
+__device__ __forceinline__ uint32_t swizzled_offset(int rows, int r, int chunk) {
+  return uint32_t((chunk / 8) * rows * 128 + r * 128 + (((chunk % 8) ^ (r % 8)) * 16));
+}
 
 // NOTES: query tiles are taken heaviest first (the causal tile at the end of
 // a sequence attends to the most keys) across all heads, so the light ones
@@ -29,15 +40,27 @@ struct ExpandedSmem {
 // warp whose 16 rows all precede a kv tile skips it, and only tiles that
 // cross a row's diagonal are masked. q·k runs k-step outer, n-tile inner, so
 // consecutive mma.sync are independent.
-template <int kDn, int kR, int kDv, int kWarps, int kMinBlocks>
+// kWgmma (Hopper): each warpgroup's 64 x 64 score tile is one chain of
+// wgmma m64n64k16 from the swizzled Q and K tiles (no Q in registers); its
+// accumulator layout is the mma.sync one, so the softmax and P·V (mma.sync,
+// P from registers) are shared. Tiles are skipped per warpgroup.
+// NOTES: H100 (perf.md session 8): 128 heads x 4096 3.26 ms against 3.44
+// (211 against 200 TFLOP/s), 16 heads 431 against 456 us. The products still
+// wait before the softmax and P·V; overlapping the next tile's q·k with them
+// (a third K/V stage) and P·V on wgmma are what FlashAttention-3 adds.
+template <int kDn, int kR, int kDv, int kWarps, int kMinBlocks, bool kWgmma>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) mla_expanded_mma_kernel(MlaExpandedParams p) {
-  using Smem = ExpandedSmem<kDn, kR, kDv, kWarps>;
+  using Smem = ExpandedSmem<kDn, kR, kDv, kWarps, kWgmma>;
   constexpr int kBlockM = Smem::kBlockM;
   constexpr int kDqk = Smem::kDqk, kKSteps = kDqk / 16, kSTiles = kBlockN / 8, kOTiles = kDv / 8;
   static_assert(kDn % 8 == 0 && kR % 8 == 0 && kDqk % 32 == 0 && kDv % 16 == 0, "widths must tile");
+  static_assert(!kWgmma || (kDqk % 64 == 0 && kWarps % 4 == 0), "wgmma: 64-dim column blocks, whole warpgroups");
 
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  auto* q_s = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  uint8_t* smem_base = smem_raw;
+  if constexpr (kWgmma)
+    smem_base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  auto* q_s = reinterpret_cast<__nv_bfloat16*>(smem_base);
   __nv_bfloat16* k_s = q_s + Smem::kQ;       // [2][kBlockN][kKStride]
   __nv_bfloat16* v_s = k_s + 2 * Smem::kK;   // [2][kBlockN][kVStride]
 
@@ -53,12 +76,21 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) mla_expanded_mma_kern
   const int kv_end = prefix + row0 + rows;  // exclusive bound over the block's rows
   const int H = p.num_heads;
 
+  // Where chunk c (8 values) of Q / K tile row r goes.
+  auto q_dst = [&](int r, int c) -> void* {
+    if constexpr (kWgmma) return reinterpret_cast<uint8_t*>(q_s) + swizzled_offset(kBlockM, r, c);
+    return q_s + r * Smem::kQStride + c * 8;
+  };
+  auto k_dst = [&](__nv_bfloat16* ks, int r, int c) -> void* {
+    if constexpr (kWgmma) return reinterpret_cast<uint8_t*>(ks) + swizzled_offset(kBlockN, r, c);
+    return ks + r * Smem::kKStride + c * 8;
+  };
   // Q tile.
   for (int c = tid; c < kBlockM * (kDqk / 8); c += blockDim.x) {
     const int r = c / (kDqk / 8), col = (c % (kDqk / 8)) * 8;
     const bool valid = r < rows;
-    cp_async_16(q_s + r * Smem::kQStride + col,
-                p.q + (int64_t(q_begin + row0 + (valid ? r : 0)) * H + h) * kDqk + col, valid ? 16 : 0);
+    cp_async_16(q_dst(r, col / 8), p.q + (int64_t(q_begin + row0 + (valid ? r : 0)) * H + h) * kDqk + col,
+                valid ? 16 : 0);
   }
   auto load_tile = [&](int j0, int buf) {
     __nv_bfloat16* ks = k_s + buf * Smem::kK;
@@ -70,9 +102,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) mla_expanded_mma_kern
       const int64_t kv_row = kv_begin + (valid ? j0 + r : 0);
       const __nv_bfloat16* head = p.kv + (kv_row * H + h) * (kDn + kDv);
       if (col < kDn) {
-        cp_async_16(ks + r * Smem::kKStride + col, head + col, valid ? 16 : 0);
+        cp_async_16(k_dst(ks, r, col / 8), head + col, valid ? 16 : 0);
       } else if (col < kDqk) {
-        cp_async_16(ks + r * Smem::kKStride + col, p.k_pe + kv_row * kR + (col - kDn), valid ? 16 : 0);
+        cp_async_16(k_dst(ks, r, col / 8), p.k_pe + kv_row * kR + (col - kDn), valid ? 16 : 0);
       } else {
         cp_async_16(vs + r * Smem::kVStride + (col - kDqk), head + kDn + (col - kDqk), valid ? 16 : 0);
       }
@@ -88,10 +120,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) mla_expanded_mma_kern
     const int i = row0 + warp * 16 + g + 8 * r;
     qpos[r] = prefix + (i < q_len ? i : q_len - 1);  // padding rows mirror the last row: finite, unused
   }
-  // This warp's first and last row positions (padding rows sit at the last).
+  // This warp's first and last row positions (padding rows sit at the last);
+  // with wgmma a tile is skipped only past its warpgroup's last row.
   const int warp_first = prefix + min(row0 + warp * 16, q_len - 1);
   const int warp_last = prefix + min(row0 + warp * 16 + 15, q_len - 1);
-  uint32_t qa[kKSteps][4];
+  const int skip_after = kWgmma ? prefix + min(row0 + (warp / 4) * 64 + 63, q_len - 1) : warp_last;
+  uint32_t qa[kWgmma ? 1 : kKSteps][4];
   float o[kOTiles][4] = {};
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
   const float scale_log2 = p.scale * kLog2e;
@@ -102,28 +136,54 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) mla_expanded_mma_kern
     if (it + 1 < num_tiles) load_tile(j0 + kBlockN, buf ^ 1);
     cp_async_commit();
     cp_async_wait<1>();
+    if constexpr (kWgmma) sm90::fence_proxy_async_smem();  // wgmma reads what cp.async wrote
     __syncthreads();
-    if (it == 0) {
+    if constexpr (!kWgmma) {
+      if (it == 0) {
 #pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks)
-        ldmatrix_x4(qa[ks], q_s + (warp * 16 + lane % 16) * Smem::kQStride + ks * 16 + (lane / 16) * 8);
+        for (int ks = 0; ks < kKSteps; ++ks)
+          ldmatrix_x4(qa[ks], q_s + (warp * 16 + lane % 16) * Smem::kQStride + ks * 16 + (lane / 16) * 8);
+      }
     }
     const __nv_bfloat16* ks_tile = k_s + buf * Smem::kK;
     const __nv_bfloat16* vs_tile = v_s + buf * Smem::kV;
-    if (j0 > warp_last) {  // every key of the tile is after every row of this warp
+    if (j0 > skip_after) {  // every key of the tile is after every row of this warp (warpgroup)
       __syncthreads();
       continue;
     }
 
     float s[kSTiles][4] = {};
+    if constexpr (kWgmma) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+      static_assert(kSTiles * 4 == 32, "one m64n64 accumulator");
+      float(&acc)[32] = *reinterpret_cast<float(*)[32]>(&s[0][0]);
+      const uint32_t qa_base = sm90::smem_u32(q_s) + (warp / 4) * 64 * 128;
+      const uint32_t kb_base = sm90::smem_u32(ks_tile);
+      sm90::fence_registers(acc);
+      sm90::wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < kDqk; k += 32) {
+      for (int blk = 0; blk < kDqk / 64; ++blk) {
+        const uint64_t da = sm90::wgmma_desc(qa_base + blk * kBlockM * 128);
+        const uint64_t db = sm90::wgmma_desc(kb_base + blk * kBlockN * 128);
 #pragma unroll
-      for (int nt = 0; nt < kSTiles; ++nt) {
-        uint32_t bk[4];
-        ldmatrix_x4(bk, ks_tile + (nt * 8 + lane % 8) * Smem::kKStride + k + (lane / 8) * 8);
-        mma_bf16_16816(s[nt], qa[k / 16], bk[0], bk[1]);
-        mma_bf16_16816(s[nt], qa[k / 16 + 1], bk[2], bk[3]);
+        for (int kk = 0; kk < 4; ++kk) sm90::wgmma_m64n64k16_bf16(acc, da + 2 * kk, db + 2 * kk, blk + kk > 0);
+      }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::fence_registers(acc);
+#else
+      __trap();  // built for sm_90a only; the host never picks it elsewhere
+#endif
+    } else {
+#pragma unroll
+      for (int k = 0; k < kDqk; k += 32) {
+#pragma unroll
+        for (int nt = 0; nt < kSTiles; ++nt) {
+          uint32_t bk[4];
+          ldmatrix_x4(bk, ks_tile + (nt * 8 + lane % 8) * Smem::kKStride + k + (lane / 8) * 8);
+          mma_bf16_16816(s[nt], qa[k / 16], bk[0], bk[1]);
+          mma_bf16_16816(s[nt], qa[k / 16 + 1], bk[2], bk[3]);
+        }
       }
     }
 
@@ -239,10 +299,10 @@ __global__ void mla_expanded_reference_kernel(MlaExpandedParams p) {
     p.out[(int64_t(t) * H + h) * p.v_dim + d] = __float2bfloat16(l > 0.0f ? acc[d] / l : 0.0f);
 }
 
-template <int kWarps, int kMinBlocks>
+template <int kWarps, int kMinBlocks, bool kWgmma>
 void launch_mma(const MlaExpandedParams& p, cudaStream_t stream) {
-  using Smem = ExpandedSmem<128, 64, 128, kWarps>;
-  auto kernel = mla_expanded_mma_kernel<128, 64, 128, kWarps, kMinBlocks>;
+  using Smem = ExpandedSmem<128, 64, 128, kWarps, kWgmma>;
+  auto kernel = mla_expanded_mma_kernel<128, 64, 128, kWarps, kMinBlocks, kWgmma>;
   static bool attribute_set = false;  // once per process and variant
   if (!attribute_set) {
     MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::kBytes)),
@@ -277,7 +337,12 @@ void mla_attention_expanded(const MlaExpandedParams& p, cudaStream_t stream) {
     check_launch("mla_attention_expanded (reference kernel)");
     return;
   }
-  launch_mma<kPrefillWarps, kPrefillMinBlocks>(p, stream);
+  const bool wgmma = p.qk_wgmma < 0 ? sm90_gemm_supported() : p.qk_wgmma != 0;
+  MLA_CUDA_REQUIRE(!wgmma || sm90_gemm_supported(), "mla_attention_expanded: q·k on wgmma needs a Hopper GPU");
+  if (wgmma)
+    launch_mma<kPrefillWarps, kPrefillMinBlocks, true>(p, stream);
+  else
+    launch_mma<kPrefillWarps, kPrefillMinBlocks, false>(p, stream);
 }
 
 }  // namespace mlaserve::cuda

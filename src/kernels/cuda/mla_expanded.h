@@ -6,7 +6,7 @@
 // Flash-attention style: a block owns 128 query rows of one head (8 warps of
 // 16), streams 64-row K/V tiles through shared memory (double-buffered
 // cp.async), keeps the running softmax in registers, and uses mma.sync
-// tensor cores.
+// tensor cores (on Hopper, q·k on wgmma).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -24,6 +24,7 @@ struct MlaExpandedParams {
   int nope_dim = 0, rope_dim = 0, v_dim = 0;
   float scale = 1.0f;
   __nv_bfloat16* out = nullptr;  // {T, H, Dv}
+  int qk_wgmma = -1;  // q·k on wgmma: 1 yes, 0 mma.sync, -1 where the GPU is a Hopper (benchmarks, tests)
 };
 
 // Dn = 128, R = 64, Dv = 128 (DeepSeek V2/V3) take the tensor-core kernel.
