@@ -44,10 +44,9 @@ __device__ __forceinline__ uint32_t swizzled_offset(int rows, int r, int chunk) 
 // wgmma m64n64k16 from the swizzled Q and K tiles (no Q in registers); its
 // accumulator layout is the mma.sync one, so the softmax and P·V (mma.sync,
 // P from registers) are shared. Tiles are skipped per warpgroup.
-// NOTES: H100 (perf.md session 8): 128 heads x 4096 3.26 ms against 3.44
-// (211 against 200 TFLOP/s), 16 heads 431 against 456 us. The products still
-// wait before the softmax and P·V; overlapping the next tile's q·k with them
-// (a third K/V stage) and P·V on wgmma are what FlashAttention-3 adds.
+// NOTES: the products still wait before the softmax and P·V; overlapping
+// the next tile's q·k with them (a third K/V stage) and P·V on wgmma are
+// what FlashAttention-3 adds.
 template <int kDn, int kR, int kDv, int kWarps, int kMinBlocks, bool kWgmma>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) mla_expanded_mma_kernel(MlaExpandedParams p) {
   using Smem = ExpandedSmem<kDn, kR, kDv, kWarps, kWgmma>;
@@ -319,6 +318,11 @@ void launch_mma(const MlaExpandedParams& p, cudaStream_t stream) {
 // against 712 us for 4 warps at two blocks per SM and 745 us for the previous
 // kernel (64 rows, tiles in launch order); 8 x 512: 102 / 117 / 120 us; 128
 // heads, 1 x 4096: 3.63 / 4.62 / 4.74 ms.
+// NOTES: with q·k on wgmma the kernel needs 160 registers (no Q in
+// registers), so 12 warps (192 query rows a K/V tile, 154 KB) fit one block
+// per SM: H100, two runs (perf.md session 8), 128 heads x 4096 2.65 ms
+// against 3.21 with 8 warps and 3.40 on mma.sync. Not the default yet: the
+// session's device time ran out before the tests ran on it.
 constexpr int kPrefillWarps = 8, kPrefillMinBlocks = 1;
 
 }  // namespace

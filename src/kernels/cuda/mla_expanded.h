@@ -6,7 +6,7 @@
 // Flash-attention style: a block owns 128 query rows of one head (8 warps of
 // 16), streams 64-row K/V tiles through shared memory (double-buffered
 // cp.async), keeps the running softmax in registers, and uses mma.sync
-// tensor cores (on Hopper, q·k on wgmma).
+// tensor cores for P·V (q·k too, except on Hopper: wgmma).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
