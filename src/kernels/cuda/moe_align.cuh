@@ -54,13 +54,16 @@ __global__ void moe_align_kernel(MoeSlots slots, int assignments, int total_expe
   // Each thread's expert ids are loaded kBatch at a time before their
   // atomics: one id per atomic made both loops wait on L2 once per slot.
   constexpr int kBatch = 8;
-  for (int base = threadIdx.x; base < assignments; base += kBatch * blockDim.x) {
-    int e[kBatch];
+  auto load_experts = [&](int base, int (&e)[kBatch]) {
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int i = base + b * blockDim.x;
       e[b] = i < assignments ? slots.expert(i) : -1;
     }
+  };
+  for (int base = threadIdx.x; base < assignments; base += kBatch * blockDim.x) {
+    int e[kBatch];
+    load_experts(base, e);
 #pragma unroll
     for (int b = 0; b < kBatch; ++b)
       if (e[b] >= 0) atomicAdd(&count[e[b]], 1);
@@ -112,11 +115,7 @@ __global__ void moe_align_kernel(MoeSlots slots, int assignments, int total_expe
   }
   for (int base = threadIdx.x; base < assignments; base += kBatch * blockDim.x) {
     int e[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int i = base + b * blockDim.x;
-      e[b] = i < assignments ? slots.expert(i) : -1;
-    }
+    load_experts(base, e);
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       if (e[b] < 0) continue;
