@@ -163,10 +163,17 @@ void BM_HeadBmm(benchmark::State& state) {
 }
 
 
+// Args: batch, context, splits (0: the launcher's), heads, kernel (-1 the
+// launcher's, 0 16-head blocks, 1 64-head wgmma blocks).
 void BM_MlaDecode(benchmark::State& state) {
-  const int B = int(state.range(0)), ctx = int(state.range(1)), D = kLatent + kRope;
+  const int B = int(state.range(0)), ctx = int(state.range(1)), D = kLatent + kRope, heads = int(state.range(3));
+  const int wide = int(state.range(4));
+  if (wide == 1 && !mla_absorbed_uses_wide_blocks(heads, kLatent, kRope, false)) {
+    state.SkipWithError("the 64-head wgmma kernel needs a Hopper GPU and heads a multiple of 64");
+    return;
+  }
   const size_t slots = size_t(B) * ctx;
-  auto cache = random_bf16(slots * D, 3), q = random_bf16(size_t(B) * kHeads * D, 4);
+  auto cache = random_bf16(slots * D, 3), q = random_bf16(size_t(B) * heads * D, 4);
   std::vector<int32_t> q_indptr(B + 1), kv_indptr(B + 1), kv_slots(slots);
   for (int b = 0; b <= B; ++b) {
     q_indptr[b] = b;
@@ -174,7 +181,7 @@ void BM_MlaDecode(benchmark::State& state) {
   }
   std::iota(kv_slots.begin(), kv_slots.end(), 0);  // pages laid out in order
   auto dq_indptr = upload(q_indptr), dkv_indptr = upload(kv_indptr), dslots = upload(kv_slots);
-  DeviceBuffer out(size_t(B) * kHeads * kLatent * 2);
+  DeviceBuffer out(size_t(B) * heads * kLatent * 2);
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   MlaAbsorbedParams p;
@@ -185,20 +192,22 @@ void BM_MlaDecode(benchmark::State& state) {
   p.kv_slots = dslots.get<int32_t>();
   p.num_seqs = B;
   p.num_tokens = B;
-  p.num_heads = kHeads;
+  p.num_heads = heads;
   p.latent_dim = kLatent;
   p.rope_dim = kRope;
   p.scale = 0.1f;
   p.out = out.get<__nv_bfloat16>();
-  p.num_splits = state.range(2) ? int(state.range(2)) : mla_absorbed_num_splits(B, kHeads, sms, ctx);
-  DeviceBuffer work(mla_absorbed_workspace_bytes(B, kHeads, kLatent, p.num_splits));
+  const bool wide_blocks = wide < 0 ? mla_absorbed_uses_wide_blocks(heads, kLatent, kRope, false) : wide != 0;
+  p.wide_blocks = wide;
+  p.num_splits = state.range(2) ? int(state.range(2)) : mla_absorbed_num_splits(B, heads, sms, ctx, wide_blocks);
+  DeviceBuffer work(mla_absorbed_workspace_bytes(B, heads, kLatent, p.num_splits));
   if (p.num_splits > 1) {
     p.partial_out = work.get<float>();
-    p.partial_lse = p.partial_out + size_t(p.num_splits) * B * kHeads * kLatent;
+    p.partial_lse = p.partial_out + size_t(p.num_splits) * B * heads * kLatent;
   }
   const double s = run_timed(state, [&] { mla_attention_absorbed(p, nullptr); });
-  const double bytes = double(slots) * D * 2 + double(slots) * 4 + double(B) * kHeads * (D + kLatent) * 2;
-  const double flops = 2.0 * B * kHeads * double(ctx) * (D + kLatent);
+  const double bytes = double(slots) * D * 2 + double(slots) * 4 + double(B) * heads * (D + kLatent) * 2;
+  const double flops = 2.0 * B * heads * double(ctx) * (D + kLatent);
   report(state, s, bytes, flops);
   state.counters["splits"] = p.num_splits;
 }
@@ -241,7 +250,7 @@ void BM_MlaDecodeFp8Cache(benchmark::State& state) {
   p.rope_dim = kRope;
   p.scale = 0.1f;
   p.out = out.get<__nv_bfloat16>();
-  p.num_splits = mla_absorbed_num_splits(B, kHeads, sms, ctx);
+  p.num_splits = mla_absorbed_num_splits(B, kHeads, sms, ctx, false);
   DeviceBuffer work(mla_absorbed_workspace_bytes(B, kHeads, kLatent, p.num_splits));
   if (p.num_splits > 1) {
     p.partial_out = work.get<float>();
@@ -436,10 +445,12 @@ BENCHMARK(BM_SkinnyGemm)
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_HeadBmm)->ArgsProduct({{1, 4, 8}, {0, 1}, {0, 1}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
 BENCHMARK(BM_MlaDecode)
-    ->ArgsProduct({{1, 32, 128}, {4096, 32768}, {0}})
-    ->Args({128, 4096, 1})->Args({64, 8192, 0})
+    ->ArgsProduct({{1, 32, 128}, {4096, 32768}, {0}, {16}, {-1}})
+    ->Args({128, 4096, 1, 16, -1})->Args({64, 8192, 0, 16, -1})
     // Small batches: the launcher's split count against fixed ones.
-    ->ArgsProduct({{1, 4}, {512, 1024, 4096}, {0, 8, 16}})
+    ->ArgsProduct({{1, 4}, {512, 1024, 4096}, {0, 8, 16}, {16}, {-1}})
+    // V3's 128 heads: 16-head blocks against 64-head wgmma blocks.
+    ->ArgsProduct({{1, 64}, {4096, 8192}, {0}, {128}, {0, 1}})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_MlaDecodeFp8Cache)->Args({1, 4096})->Args({1, 32768})->Args({64, 8192})->Args({128, 4096})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);

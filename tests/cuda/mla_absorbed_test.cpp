@@ -1,7 +1,8 @@
 // Absorbed-MLA attention against a host softmax(q·k) v in f64, over ragged
 // batches (decode and extend rows), several split counts, and head counts
-// that do and do not fill the 16-head tile; plus the reference-kernel path
-// for widths the tensor-core kernel does not take.
+// that do and do not fill the 16-head tile; head counts that fill 64-head
+// blocks on both kernels (the wgmma one on Hopper); plus the reference-kernel
+// path for widths the tensor-core kernels do not take.
 #include "kernels/cuda/mla_absorbed.h"
 
 #include <algorithm>
@@ -18,7 +19,8 @@ struct Case {
   int heads, latent, rope, splits;  // splits 0: the launcher's choice
 };
 
-double run_case(const Case& c, unsigned seed) {
+// wide: 1 the 64-head wgmma kernel, 0 the 16-head one, -1 the launcher's choice.
+double run_case(const Case& c, unsigned seed, int wide = -1) {
   std::mt19937 rng(seed);
   const int D = c.latent + c.rope, B = int(c.q_lens.size());
   std::vector<int32_t> q_indptr{0}, kv_indptr{0}, kv_slots;
@@ -64,7 +66,12 @@ double run_case(const Case& c, unsigned seed) {
 
   int sm_count = 0;
   MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0), "test");
-  const int splits = c.splits ? c.splits : mla_absorbed_num_splits(T, c.heads, sm_count, *std::max_element(c.kv_lens.begin(), c.kv_lens.end()));
+  const bool wide_blocks =
+      wide < 0 ? mla_absorbed_uses_wide_blocks(c.heads, c.latent, c.rope, false) : wide != 0;
+  const int splits = c.splits ? c.splits
+                              : mla_absorbed_num_splits(T, c.heads, sm_count,
+                                                        *std::max_element(c.kv_lens.begin(), c.kv_lens.end()),
+                                                        wide_blocks);
   auto dq = upload(q), dcache = upload(cache), dqi = upload(q_indptr), dki = upload(kv_indptr),
        dslots = upload(kv_slots);
   auto dout = poisoned(size_t(T) * c.heads * c.latent * 2);
@@ -83,14 +90,15 @@ double run_case(const Case& c, unsigned seed) {
   p.scale = scale;
   p.out = dout.get<__nv_bfloat16>();
   p.num_splits = splits;
+  p.wide_blocks = wide;
   if (splits > 1) {
     p.partial_out = work.get<float>();
     p.partial_lse = p.partial_out + size_t(splits) * T * c.heads * c.latent;
   }
   mla_attention_absorbed(p, nullptr);
   const double err = rel_l2(to_float(download<uint16_t>(dout, ref.size())), ref);
-  std::printf("[rel_l2] mla_absorbed T=%d H=%d L=%d R=%d splits=%d: %.2e\n", T, c.heads, c.latent, c.rope, splits,
-              err);
+  std::printf("[rel_l2] mla_absorbed T=%d H=%d L=%d R=%d splits=%d %s: %.2e\n", T, c.heads, c.latent, c.rope,
+              splits, wide_blocks ? "64-head wgmma" : "16-head", err);
   return err;
 }
 
@@ -125,25 +133,51 @@ TEST(MlaAbsorbed, V3HeadCountWithSplitKv) {
   EXPECT_LT(run_case({{1, 1}, {300, 513}, 128, 512, 64, 5}, 8), 1e-2);
 }
 
+// V3's 128 heads (and 64, a tensor-parallel half) on the 64-head wgmma
+// kernel and on the 16-head one: decode and extend rows, splits that leave
+// the last tile's second half (the second warpgroup's rows) empty, empty
+// splits, one-tile splits.
+TEST(MlaAbsorbed, SixtyFourHeadBlocksOnBothKernels) {
+  MLA_SKIP_WITHOUT_GPU();
+  const std::vector<Case> cases = {
+      {{1, 1, 1}, {1, 77, 300}, 128, 512, 64, 1}, {{1}, {40}, 64, 512, 64, 1},
+      {{1, 1}, {1000, 100}, 128, 512, 64, 7},     {{1}, {2049}, 128, 512, 64, 0},
+      {{5, 1, 33}, {5, 9, 90}, 128, 512, 64, 3},  {{1, 1}, {4096, 700}, 64, 512, 64, 0},
+      {{1}, {2049}, 128, 512, 64, 64},
+  };
+  const bool hopper = mla_absorbed_uses_wide_blocks(128, 512, 64, false);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_LT(run_case(cases[i], 20 + unsigned(i), 0), 1e-2) << "16-head kernel, case " << i;
+    if (hopper) EXPECT_LT(run_case(cases[i], 20 + unsigned(i), 1), 1e-2) << "64-head kernel, case " << i;
+  }
+}
+
 TEST(MlaAbsorbed, SplitCountGivesEverySplitRows) {
   // Splits start on 32-row tile bounds; the chosen count must not leave
   // splits empty for the context it was chosen for (61 splits of 4096 rows
   // would be 43 of 96 rows and 18 empty ones).
-  for (int tokens : {1, 2, 8, 32, 128})
-    for (int heads : {16, 128})
-      for (int kv_len : {1, 31, 64, 100, 640, 2049, 4096, 32768}) {
-        const int splits = mla_absorbed_num_splits(tokens, heads, 132, kv_len);
-        ASSERT_GE(splits, 1);
-        const int chunk = ((kv_len + splits - 1) / splits + 31) / 32 * 32;
-        EXPECT_EQ((kv_len + chunk - 1) / chunk, splits)
-            << "tokens " << tokens << ", heads " << heads << ", kv_len " << kv_len;
-      }
-  EXPECT_EQ(mla_absorbed_num_splits(1, 16, 132, 4096), 64);
-  EXPECT_EQ(mla_absorbed_num_splits(128, 16, 132, 4096), 2);
+  for (bool wide : {false, true})
+    for (int tokens : {1, 2, 8, 32, 128})
+      for (int heads : {16, 128})
+        for (int kv_len : {1, 31, 64, 100, 640, 2049, 4096, 32768}) {
+          if (wide && heads % 64) continue;
+          const int splits = mla_absorbed_num_splits(tokens, heads, 132, kv_len, wide);
+          ASSERT_GE(splits, 1);
+          const int chunk = ((kv_len + splits - 1) / splits + 31) / 32 * 32;
+          EXPECT_EQ((kv_len + chunk - 1) / chunk, splits)
+              << "tokens " << tokens << ", heads " << heads << ", kv_len " << kv_len << ", wide " << wide;
+        }
+  EXPECT_EQ(mla_absorbed_num_splits(1, 16, 132, 4096, false), 64);
+  EXPECT_EQ(mla_absorbed_num_splits(128, 16, 132, 4096, false), 2);
   // Up to 4 tokens a split may be one tile (the H200 timed 1 x 512 faster at
   // 16 splits than at 8); larger batches keep two tiles a split.
-  EXPECT_EQ(mla_absorbed_num_splits(1, 128, 132, 512), 16);
-  EXPECT_LE(mla_absorbed_num_splits(8, 128, 132, 512), 8);
+  EXPECT_EQ(mla_absorbed_num_splits(1, 128, 132, 512, false), 16);
+  EXPECT_LE(mla_absorbed_num_splits(8, 128, 132, 512, false), 8);
+  // 64-head blocks, one per SM: a token's two blocks over 64-row splits fill
+  // 128 of 132 SMs; 64 tokens x 2 blocks fill them without splitting.
+  EXPECT_EQ(mla_absorbed_num_splits(1, 128, 132, 4096, true), 64);
+  EXPECT_EQ(mla_absorbed_num_splits(64, 128, 132, 8192, true), 1);
+  EXPECT_EQ(mla_absorbed_num_splits(1, 128, 132, 512, true), 8);
 }
 
 TEST(MlaAbsorbed, ExtendRowsAreCausalWithinTheNewTokens) {

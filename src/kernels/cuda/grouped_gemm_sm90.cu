@@ -846,16 +846,20 @@ __global__ void gather_rows_kernel(const __nv_bfloat16* src, const int32_t* sort
 }
 
 // q[row], scale[kb * scale_ld + row] = 1x128 quantization of the bf16 row s
-// (null: zeros), by one warp, each half-warp one 128-wide group at a time.
-__device__ __forceinline__ void quantize_row(const __nv_bfloat16* s, int64_t row, int width, uint8_t* q, float* scale,
-                                             int64_t scale_ld) {
+// (null: zeros) for each row = row_of(i), i < copies, by one warp, each
+// half-warp one 128-wide group at a time (quantized once, written to every row).
+template <typename RowOf>
+__device__ __forceinline__ void quantize_row(const __nv_bfloat16* s, RowOf row_of, int copies, int width, uint8_t* q,
+                                             float* scale, int64_t scale_ld) {
   const int lane = threadIdx.x % 32, half = lane / 16, j = lane % 16, groups = width / kFp8Group;
   for (int g0 = 0; g0 < groups; g0 += 2) {
     const int g = g0 + half;
     float v[8] = {};
     if (s && g < groups) Bf16x8::load(s + g * kFp8Group + j * 8).to_float(v);
     const QuantizedGroupPart part = quantize_group_16lanes(v);  // both halves call it together
-    if (g < groups) {
+    if (g >= groups) continue;
+    for (int i = 0; i < copies; ++i) {
+      const int64_t row = row_of(i);
       *reinterpret_cast<uint2*>(q + row * width + g * kFp8Group + j * 8) = part.q;
       if (j == 0) scale[g * scale_ld + row] = part.scale;
     }
@@ -868,25 +872,26 @@ __global__ void quantize_rows_kernel(const __nv_bfloat16* src, const int32_t* ro
                                      uint8_t* q, float* scale, int64_t scale_ld) {
   const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
   if (row >= (rows_in_use ? *rows_in_use : rows)) return;
-  quantize_row(src + row * width, row, width, q, scale, scale_ld);
+  quantize_row(src + row * width, [row](int) { return row; }, 1, width, q, scale, scale_ld);
 }
 
-// The MoE's A in expert order: row position[slot] of q / scale is the
-// quantized x row of the slot's token; pad rows (sorted_ids[m] == sentinel,
-// m < *rows_in_use) are zeros. Warps walk the slots in token order, so each
-// x row is read by neighbouring warps (from L2) rather than once per slot in
-// expert order; warps past the slots zero the pads.
+// The MoE's A in expert order: rows position[t * per_token + i] of q / scale
+// are the quantized x row of token t; pad rows (sorted_ids[m] == sentinel,
+// m < *rows_in_use) are zeros. One warp per token quantizes its row once and
+// writes it to each of its slots' rows; warps past the tokens zero the pads.
 __global__ void scatter_quantize_kernel(const __nv_bfloat16* x, const int32_t* position, int per_token,
-                                        int slot_count, const int32_t* sorted_ids, int sentinel,
+                                        int num_tokens, const int32_t* sorted_ids, int sentinel,
                                         const int32_t* rows_in_use, int width, uint8_t* q, float* scale,
                                         int64_t scale_ld) {
   const int64_t w = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
-  if (w < slot_count) {
-    quantize_row(x + (w / per_token) * width, position[w], width, q, scale, scale_ld);
+  if (w < num_tokens) {
+    const int32_t* rows = position + w * per_token;
+    quantize_row(x + w * width, [rows](int i) { return int64_t(rows[i]); }, per_token, width, q, scale, scale_ld);
     return;
   }
-  const int64_t row = w - slot_count;
-  if (row < *rows_in_use && sorted_ids[row] == sentinel) quantize_row(nullptr, row, width, q, scale, scale_ld);
+  const int64_t row = w - num_tokens;
+  if (row < *rows_in_use && sorted_ids[row] == sentinel)
+    quantize_row(nullptr, [row](int) { return row; }, 1, width, q, scale, scale_ld);
 }
 
 // Workspace pieces, carved from one allocation (null base: size only).
@@ -1150,8 +1155,8 @@ void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
                                                                      w.x_scale, p.num_tokens);
     check_launch("sm90 fp8 moe quantize x");
   } else {
-    scatter_quantize_kernel<<<(r.slot_count + r.max_rows + 7) / 8, 256, 0, stream>>>(
-        p.x, w.rows.position, r.slots.per_token(), r.slot_count, w.rows.sorted_ids, r.slot_count,
+    scatter_quantize_kernel<<<(p.num_tokens + r.max_rows + 7) / 8, 256, 0, stream>>>(
+        p.x, w.rows.position, r.slots.per_token(), p.num_tokens, w.rows.sorted_ids, r.slot_count,
         w.rows.rows_in_use, p.hidden, w.x_q, w.x_scale, r.max_rows);
     check_launch("sm90 fp8 moe scatter+quantize");
   }

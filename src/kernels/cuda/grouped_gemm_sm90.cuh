@@ -158,9 +158,23 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
 }
 
-// d (64 x 256 f32 per warpgroup) = A(64 x 16 bf16) · B(256 x 16 bf16)ᵀ + (accumulate ? d : 0).
+// Descriptor of an MN-major 128B-swizzled B tile at `addr` (B stored K rows
+// of 64 N values, 128 bytes each, swizzled as above): 8 K rows an atom,
+// atoms 1024 bytes apart along K; the next 64 N values start `n_block_bytes`
+// further on (the leading offset).
+__device__ __forceinline__ uint64_t wgmma_desc_mn(uint32_t addr, uint32_t n_block_bytes) {
+  uint64_t d = (addr & 0x3FFFFu) >> 4;
+  d |= uint64_t((n_block_bytes >> 4) & 0x3FFFu) << 16;
+  d |= uint64_t(1024 >> 4) << 32;
+  d |= uint64_t(1) << 62;
+  return d;
+}
+
+// d (64 x 256 f32 per warpgroup) = A(64 x 16 bf16) · B(256 x 16 bf16)ᵀ + (accumulate ? d : 0);
+// kTransposeB: B is MN-major (wgmma_desc_mn), i.e. d += A · B with B {16, 256}.
 // Accumulator layout (warp w of the warpgroup, lane l): d[4j + 2h + e] is row
 // 16w + l/4 + 8h, column 8j + 2(l%4) + e.
+template <int kTransposeB = 0>
 __device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
       "{\n"
@@ -175,7 +189,7 @@ __device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t 
       "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
       "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, p, 1, 1, 0, 0;\n"
+      "}, %128, %129, p, 1, 1, 0, %131;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
@@ -193,6 +207,22 @@ __device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t 
         "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransposeB));
+}
+
+// d (64 x 32 f32 per warpgroup) = A(64 x 16 bf16) · B(32 x 16 bf16)ᵀ + (accumulate ? d : 0),
+// same accumulator layout.
+__device__ __forceinline__ void wgmma_m64n32k16_bf16(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "l"(a), "l"(b), "r"(accumulate));
 }
 

@@ -8,14 +8,15 @@
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/fp8_kv_cache.cuh"
+#include "kernels/cuda/mla_absorbed_rows.cuh"
+#include "kernels/cuda/mla_absorbed_sm90.h"
 #include "kernels/cuda/mma_sm80.cuh"
 
 namespace mlaserve::cuda {
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kHeadsPerBlock = 16;  // one m16 tile of query heads
-constexpr int kBlockN = 32;         // latent rows per pipeline stage
+constexpr int kBlockN = kMlaSplitRows;  // latent rows per pipeline stage
 constexpr int kWarps = 4;
 constexpr int kLoadersPerRow = 4;  // threads copying one latent row
 constexpr int kMaxSplits = 64;
@@ -30,35 +31,7 @@ constexpr int kMaxSplits = 64;
 // but 8 x 640 took 11.5 us at 20 splits, more merge, where the previous kernel
 // took 9.7 at 10. Eager on the H200, 075cfab: 1 x 512 12.9 us at 16 splits vs
 // 14.4 at 8; 4 x 512 13.7 vs 14.9.)
-constexpr int kMinRowsPerSplit = 2 * kBlockN, kMinRowsPerSplitSmallBatch = kBlockN, kSmallBatchTokens = 4;
-
-// Which sequence token t belongs to, and the kv range it attends to.
-struct TokenRange {
-  int kv_begin, attend;
-};
-__device__ __forceinline__ TokenRange token_range(const MlaAbsorbedParams& p, int t) {
-  int lo = 0, hi = p.num_seqs - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (p.q_indptr[mid] <= t) lo = mid;
-    else hi = mid - 1;
-  }
-  const int q_len = p.q_indptr[lo + 1] - p.q_indptr[lo];
-  const int kv_len = p.kv_indptr[lo + 1] - p.kv_indptr[lo];
-  return {p.kv_indptr[lo], kv_len - q_len + (t - p.q_indptr[lo]) + 1};
-}
-
-// Rows of the split: a multiple of kBlockN so splits start on tile bounds.
-__device__ __forceinline__ int split_chunk(int attend, int num_splits) {
-  return ((attend + num_splits - 1) / num_splits + kBlockN - 1) / kBlockN * kBlockN;
-}
-
-// Programmatic dependent launch (sm_90): the primary grid lets its dependent
-// grid start early; the dependent waits for the primary's completion and
-// memory flush before it reads the primary's output. It saves the merge
-// kernel's launch latency (a few us of a bs-1 decode call).
-__device__ __forceinline__ void grid_dependents_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
-__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+constexpr int kSmallBatchTokens = 4;
 
 // c += a · b for one m16n8k16 tile of fp16 operands (the FP8 cache's latent
 // tile and the query / P fragments that meet it).
@@ -268,7 +241,7 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) mla_absorbed_mma_ke
   float o[kNTiles][4] = {};
   // l_run sums this thread's columns only; the quad reduces it once at the end.
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-  const float scale_log2 = p.scale * kLog2e;
+  const float scale_log2 = p.scale * kMlaLog2e;
 
   for (int it = 0; it < num_tiles; ++it) {
     const __nv_bfloat16* tile_s = kv_s + (kFp8 ? 0 : (it % kStages) * kBlockN * kD);
@@ -574,11 +547,27 @@ constexpr size_t mma_smem_bytes() {
   return sizeof(__nv_bfloat16) * kStages * kBlockN * (kL + kR) + exchange;
 }
 
+// The split merge (with split-KV), launched as a programmatic dependent so
+// that its launch overlaps the attention grid.
+void launch_merge(const MlaAbsorbedParams& p, cudaStream_t stream) {
+  if (p.num_splits <= 1) return;
+  cudaLaunchConfig_t config = {};
+  static_assert(512 % kMergeDims == 0, "merge slices tile the latent");
+  config.gridDim = dim3(p.num_tokens * p.num_heads, 512 / kMergeDims);
+  config.blockDim = dim3(kMergeGroups * kMergeDims / 4);
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, mla_merge_kernel, p), "mla_attention_absorbed (merge)");
+}
+
 // The decode pipeline: two 32-row stages, two blocks per SM (2 x 76 KB).
 constexpr int kDecodeStages = 2, kDecodeBlocksPerSm = 2;
 
-// The tensor-core kernel and, for split-KV, the merge (launched as a
-// programmatic dependent so that its launch overlaps the attention grid).
+// The 16-head tensor-core kernel and, for split-KV, the merge.
 template <int kStages, int kBlocksPerSm, bool kFp8>
 void launch_mma(const MlaAbsorbedParams& p, cudaStream_t stream) {
   auto kernel = mla_absorbed_mma_kernel<512, 64, kStages, kBlocksPerSm, kFp8>;
@@ -592,35 +581,27 @@ void launch_mma(const MlaAbsorbedParams& p, cudaStream_t stream) {
   const dim3 grid(p.num_splits, (p.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock, p.num_tokens);
   kernel<<<grid, kWarps * 32, smem, stream>>>(p);
   check_launch("mla_attention_absorbed");
-  if (p.num_splits > 1) {
-    cudaLaunchConfig_t config = {};
-    static_assert(512 % kMergeDims == 0, "merge slices tile the latent");
-    config.gridDim = dim3(p.num_tokens * p.num_heads, 512 / kMergeDims);
-    config.blockDim = dim3(kMergeGroups * kMergeDims / 4);
-    config.stream = stream;
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-    MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, mla_merge_kernel, p), "mla_attention_absorbed (merge)");
-  }
+  launch_merge(p, stream);
 }
 
 }  // namespace
 
-int mla_absorbed_num_splits(int num_tokens, int num_heads, int sm_count, int max_kv_len) {
-  // kDecodeBlocksPerSm blocks fit an SM. Pick the split count whose grid
+int mla_absorbed_num_splits(int num_tokens, int num_heads, int sm_count, int max_kv_len, bool wide_blocks) {
+  // Blocks that fit an SM at once: kDecodeBlocksPerSm of the 16-head kernel,
+  // one of the 64-head one. Pick the split count whose grid
   // fills the last wave best (a grid of 1.45 waves idles a quarter of the
   // GPU in its tail), preferring fewer splits unless more are 5% better
-  // (less merge traffic), and never splits shorter than kMinRowsPerSplit
-  // rows. Only splits that get rows count: splits start on tile bounds, so
-  // 61 splits of 4096 rows are 43 of 96 rows. (The margin is relative: an
-  // absolute one kept a one-token batch at one split below 13.)
-  const int slots = kDecodeBlocksPerSm * sm_count;
-  const int blocks = std::max(1, num_tokens * ((num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
+  // (less merge traffic), and never splits shorter than the minimum rows
+  // (two tiles; one for the smallest batches). Only splits that get rows
+  // count: splits start on 32-row bounds, so 61 splits of 4096 rows are 43
+  // of 96 rows. (The margin is relative: an absolute one kept a one-token
+  // batch at one split below 13.)
+  const int slots = (wide_blocks ? 1 : kDecodeBlocksPerSm) * sm_count;
+  const int heads_per_block = wide_blocks ? kMlaWideHeads : kHeadsPerBlock;
+  const int tile_rows = wide_blocks ? 2 * kBlockN : kBlockN;
+  const int blocks = std::max(1, num_tokens * ((num_heads + heads_per_block - 1) / heads_per_block));
   const int kv_len = std::max(1, max_kv_len);
-  const int min_rows = num_tokens <= kSmallBatchTokens ? kMinRowsPerSplitSmallBatch : kMinRowsPerSplit;
+  const int min_rows = num_tokens <= kSmallBatchTokens ? tile_rows : 2 * tile_rows;
   const int limit = std::clamp(kv_len / min_rows, 1, kMaxSplits);
   int best = 1;
   double best_eff = 0;
@@ -659,10 +640,18 @@ void mla_attention_absorbed(const MlaAbsorbedParams& p, cudaStream_t stream) {
                        std::to_string(kMaxSplits) + "]");
   MLA_CUDA_REQUIRE(p.num_splits == 1 || (p.partial_out && p.partial_lse),
                    std::string("mla_attention_absorbed: split-KV needs workspace"));
-  if (p.fp8_cache)
+  const bool fits = mla_absorbed_uses_wide_blocks(p.num_heads, p.latent_dim, p.rope_dim, p.fp8_cache),
+             wide = p.wide_blocks < 0 ? fits : p.wide_blocks != 0;
+  MLA_CUDA_REQUIRE(!wide || fits, "mla_attention_absorbed: the 64-head wgmma kernel needs a Hopper GPU, a bf16 "
+                                  "cache and heads a multiple of 64 (heads " + std::to_string(p.num_heads) + ")");
+  if (wide) {
+    launch_mla_absorbed_sm90(p, stream);
+    launch_merge(p, stream);
+  } else if (p.fp8_cache) {
     launch_mma<kDecodeStages, kDecodeBlocksPerSm, true>(p, stream);
-  else
+  } else {
     launch_mma<kDecodeStages, kDecodeBlocksPerSm, false>(p, stream);
+  }
 }
 
 }  // namespace mlaserve::cuda

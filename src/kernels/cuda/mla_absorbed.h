@@ -4,8 +4,9 @@
 // out{T, H, L} = softmax(q·cacheᵀ · scale) · c_kv, causal per sequence.
 //
 // One latent "KV head" serves all H query heads, so a block takes 16 heads
-// of one token and every latent row it loads feeds all 16 (FlashMLA's idea;
-// QK and PV on tensor cores). Small batches split the KV sequence across
+// (64 on Hopper when they fill it: mla_absorbed_sm90.h) of one token and
+// every latent row it loads feeds all of them (FlashMLA's idea; QK and PV on
+// tensor cores). Small batches split the KV sequence across
 // blocks and a merge kernel combines the partial softmax results.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -36,12 +37,20 @@ struct MlaAbsorbedParams {
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
   int num_splits = 1;
+  // The 64-head wgmma kernel (Hopper, bf16 cache, heads a multiple of 64):
+  // 1 yes, 0 the 16-head kernel, -1 wherever it fits (tests force both).
+  int wide_blocks = -1;
 };
 
-// Splits that fill the GPU for this many tokens and heads. max_kv_len only
-// caps the count (splits of a short context are pure latency); a captured
-// graph passes the longest context it will replay, any count stays correct.
-int mla_absorbed_num_splits(int num_tokens, int num_heads, int sm_count, int max_kv_len);
+// Whether the launcher picks the 64-head wgmma kernel for these widths (a
+// Hopper device, a bf16 cache, heads a multiple of 64, L = 512, R = 64).
+bool mla_absorbed_uses_wide_blocks(int num_heads, int latent_dim, int rope_dim, bool fp8_cache);
+
+// Splits that fill the GPU for this many tokens and heads on the kernel
+// wide_blocks names. max_kv_len only caps the count (splits of a short
+// context are pure latency); a captured graph passes the longest context it
+// will replay, any count stays correct.
+int mla_absorbed_num_splits(int num_tokens, int num_heads, int sm_count, int max_kv_len, bool wide_blocks);
 size_t mla_absorbed_workspace_bytes(int num_tokens, int num_heads, int latent_dim, int num_splits);
 
 // True for the shapes the tensor-core kernel handles (L = 512, R = 64, as in

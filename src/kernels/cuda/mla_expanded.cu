@@ -313,17 +313,16 @@ void launch_mma(const MlaExpandedParams& p, cudaStream_t stream) {
   check_launch("mla_attention_expanded");
 }
 
-// 8 warps (128 query rows share each K/V tile), one block per SM (134 KB).
-// Measured on the H200 (one run, 16 heads): 1 x 4096 in 581 us (148 TFLOP/s)
-// against 712 us for 4 warps at two blocks per SM and 745 us for the previous
-// kernel (64 rows, tiles in launch order); 8 x 512: 102 / 117 / 120 us; 128
-// heads, 1 x 4096: 3.63 / 4.62 / 4.74 ms.
-// NOTES: with q·k on wgmma the kernel needs 160 registers (no Q in
-// registers), so 12 warps (192 query rows a K/V tile, 154 KB) fit one block
-// per SM: H100, two runs (perf.md session 8), 128 heads x 4096 2.65 ms
-// against 3.21 with 8 warps and 3.40 on mma.sync. Not the default yet: the
-// session's device time ran out before the tests ran on it.
-constexpr int kPrefillWarps = 8, kPrefillMinBlocks = 1;
+// mma.sync: 8 warps (128 query rows share each K/V tile), one block per SM
+// (134 KB). Measured on the H200 (one run, 16 heads): 1 x 4096 in 581 us
+// (148 TFLOP/s) against 712 us for 4 warps at two blocks per SM and 745 us
+// for the previous kernel (64 rows, tiles in launch order); 8 x 512: 102 /
+// 117 / 120 us; 128 heads, 1 x 4096: 3.63 / 4.62 / 4.74 ms.
+// wgmma q·k: Q stays in shared memory, so the kernel needs 160 registers
+// instead of 237 and 12 warps (192 query rows a K/V tile, 154 KB) fit one
+// block per SM: H100 (perf.md session 8), 128 heads x 4096 2.65 ms against
+// 3.21 with 8 warps and 3.40 on mma.sync.
+constexpr int kMmaSyncWarps = 8, kWgmmaWarps = 12;
 
 }  // namespace
 
@@ -344,9 +343,9 @@ void mla_attention_expanded(const MlaExpandedParams& p, cudaStream_t stream) {
   const bool wgmma = p.qk_wgmma < 0 ? sm90_gemm_supported() : p.qk_wgmma != 0;
   MLA_CUDA_REQUIRE(!wgmma || sm90_gemm_supported(), "mla_attention_expanded: q·k on wgmma needs a Hopper GPU");
   if (wgmma)
-    launch_mma<kPrefillWarps, kPrefillMinBlocks, true>(p, stream);
+    launch_mma<kWgmmaWarps, 1, true>(p, stream);
   else
-    launch_mma<kPrefillWarps, kPrefillMinBlocks, false>(p, stream);
+    launch_mma<kMmaSyncWarps, 1, false>(p, stream);
 }
 
 }  // namespace mlaserve::cuda
