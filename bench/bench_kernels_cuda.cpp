@@ -168,7 +168,7 @@ void BM_HeadBmm(benchmark::State& state) {
 void BM_MlaDecode(benchmark::State& state) {
   const int B = int(state.range(0)), ctx = int(state.range(1)), D = kLatent + kRope, heads = int(state.range(3));
   const int wide = int(state.range(4));
-  if (wide == 1 && !mla_absorbed_uses_wide_blocks(heads, kLatent, kRope, false)) {
+  if (wide == 1 && !mla_absorbed_uses_wide_blocks(heads, kLatent, kRope)) {
     state.SkipWithError("the 64-head wgmma kernel needs a Hopper GPU and heads a multiple of 64");
     return;
   }
@@ -197,7 +197,7 @@ void BM_MlaDecode(benchmark::State& state) {
   p.rope_dim = kRope;
   p.scale = 0.1f;
   p.out = out.get<__nv_bfloat16>();
-  const bool wide_blocks = wide < 0 ? mla_absorbed_uses_wide_blocks(heads, kLatent, kRope, false) : wide != 0;
+  const bool wide_blocks = wide < 0 ? mla_absorbed_uses_wide_blocks(heads, kLatent, kRope) : wide != 0;
   p.wide_blocks = wide;
   p.num_splits = state.range(2) ? int(state.range(2)) : mla_absorbed_num_splits(B, heads, sms, ctx, wide_blocks);
   DeviceBuffer work(mla_absorbed_workspace_bytes(B, heads, kLatent, p.num_splits));
@@ -214,8 +214,14 @@ void BM_MlaDecode(benchmark::State& state) {
 
 // The same decode over an FP8 latent cache (--kv-cache-dtype fp8_e4m3):
 // bytes count the 656-byte slots actually read.
+// Args: batch, context, heads, kernel (as BM_MlaDecode).
 void BM_MlaDecodeFp8Cache(benchmark::State& state) {
-  const int B = int(state.range(0)), ctx = int(state.range(1)), D = kLatent + kRope;
+  const int B = int(state.range(0)), ctx = int(state.range(1)), D = kLatent + kRope, heads = int(state.range(2));
+  const int wide = int(state.range(3));
+  if (wide == 1 && !mla_absorbed_uses_wide_blocks(heads, kLatent, kRope)) {
+    state.SkipWithError("the 64-head wgmma kernel needs a Hopper GPU and heads a multiple of 64");
+    return;
+  }
   const Fp8KvLayout layout{kLatent, kRope};
   const size_t slots = size_t(B) * ctx;
   std::vector<int32_t> q_indptr(B + 1), kv_indptr(B + 1), kv_slots(slots);
@@ -233,8 +239,8 @@ void BM_MlaDecodeFp8Cache(benchmark::State& state) {
       fp8_kv_store(layout, rows.get<__nv_bfloat16>(), dslots.get<int32_t>() + s0, int64_t(std::min(kChunk, slots - s0)),
                    cache.get<uint8_t>(), nullptr);
   }
-  auto q = random_bf16(size_t(B) * kHeads * D, 4);
-  DeviceBuffer out(size_t(B) * kHeads * kLatent * 2);
+  auto q = random_bf16(size_t(B) * heads * D, 4);
+  DeviceBuffer out(size_t(B) * heads * kLatent * 2);
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   MlaAbsorbedParams p;
@@ -245,21 +251,23 @@ void BM_MlaDecodeFp8Cache(benchmark::State& state) {
   p.kv_slots = dslots.get<int32_t>();
   p.num_seqs = B;
   p.num_tokens = B;
-  p.num_heads = kHeads;
+  p.num_heads = heads;
   p.latent_dim = kLatent;
   p.rope_dim = kRope;
   p.scale = 0.1f;
   p.out = out.get<__nv_bfloat16>();
-  p.num_splits = mla_absorbed_num_splits(B, kHeads, sms, ctx, false);
-  DeviceBuffer work(mla_absorbed_workspace_bytes(B, kHeads, kLatent, p.num_splits));
+  const bool wide_blocks = wide < 0 ? mla_absorbed_uses_wide_blocks(heads, kLatent, kRope) : wide != 0;
+  p.wide_blocks = wide;
+  p.num_splits = mla_absorbed_num_splits(B, heads, sms, ctx, wide_blocks);
+  DeviceBuffer work(mla_absorbed_workspace_bytes(B, heads, kLatent, p.num_splits));
   if (p.num_splits > 1) {
     p.partial_out = work.get<float>();
-    p.partial_lse = p.partial_out + size_t(p.num_splits) * B * kHeads * kLatent;
+    p.partial_lse = p.partial_out + size_t(p.num_splits) * B * heads * kLatent;
   }
   const double s = run_timed(state, [&] { mla_attention_absorbed(p, nullptr); });
   const double bytes =
-      double(slots) * layout.slot_bytes() + double(slots) * 4 + double(B) * kHeads * (D + kLatent) * 2;
-  const double flops = 2.0 * B * kHeads * double(ctx) * (D + kLatent);
+      double(slots) * layout.slot_bytes() + double(slots) * 4 + double(B) * heads * (D + kLatent) * 2;
+  const double flops = 2.0 * B * heads * double(ctx) * (D + kLatent);
   report(state, s, bytes, flops);
   state.counters["splits"] = p.num_splits;
 }
@@ -452,7 +460,9 @@ BENCHMARK(BM_MlaDecode)
     // V3's 128 heads: 16-head blocks against 64-head wgmma blocks.
     ->ArgsProduct({{1, 64}, {4096, 8192}, {0}, {128}, {0, 1}})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
-BENCHMARK(BM_MlaDecodeFp8Cache)->Args({1, 4096})->Args({1, 32768})->Args({64, 8192})->Args({128, 4096})
+BENCHMARK(BM_MlaDecodeFp8Cache)
+    ->Args({1, 4096, 16, -1})->Args({1, 32768, 16, -1})->Args({64, 8192, 16, -1})->Args({128, 4096, 16, -1})
+    ->ArgsProduct({{1, 64}, {4096, 8192}, {128}, {0, 1}})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_MlaPrefill)
     ->ArgsProduct({{1}, {4096}, {16, 128}, {0, 1}})

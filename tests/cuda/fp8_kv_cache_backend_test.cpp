@@ -1,14 +1,15 @@
 // The FP8 latent cache through the CUDA backend's ops, against the CPU
 // reference scheme (kernels/cpu/cpu_fp8_kv_cache.h) and the CPU backend:
 // scatter/gather, the latent write of mla_prepare, the absorbed attention
-// (tensor-core decode kernel at V3 widths, reference kernel at tiny widths),
+// (tensor-core decode kernels at V3 widths, reference kernel at tiny widths),
 // and the tiny golden models decoded with an fp8 cache against the bf16 one.
 //
 // Bounds: cache bytes are compared exactly (both sides round f32 products to
-// e4m3 nearest-even). Both kernels use the exact dequantized values (the
-// tensor-core one as fp16 e4m3 with the scales applied to the f32 scores and
-// to P in fp16, the reference kernel in f32) where the bf16 cache holds them
-// rounded to bf16 (2^-9 relative): 5e-3 (reference kernel measured 2.3e-3;
+// e4m3 nearest-even). The 16-head and reference kernels use the exact
+// dequantized values (the tensor-core one as fp16 e4m3 with the scales
+// applied to the f32 scores and to P in fp16, the reference kernel in f32)
+// where the bf16 cache holds them rounded to bf16 (2^-9 relative); the
+// 64-head wgmma kernel rounds them to bf16 as the bf16 cache does: 5e-3 (reference kernel measured 2.3e-3;
 // before the fp16 path the tensor-core kernel gave the bf16 result exactly). Against
 // the CPU f32 attention over the same slots: bf16 rounding of q, P and the
 // output, rel L2 2e-2 (mla_absorbed_test's bound; measured <= 2.5e-3).
@@ -186,9 +187,12 @@ void check_absorbed(Backend& gpu, const Fp8KvLayout& l, int heads, const std::ve
 TEST_P(Fp8KvCacheCuda, AbsorbedDecodeDequantizesInsideTheKernel) {
   // Decode (one token each) at lengths that leave partial tiles and splits.
   check_absorbed(*gpu_, GetParam(), 16, {1, 37, 700, 2049}, {1, 1, 1, 1});
+  // V3's 128 heads (the 64-head wgmma kernel on Hopper at L 512).
   check_absorbed(*gpu_, GetParam(), 128, {5, 300}, {1, 1});
+  check_absorbed(*gpu_, GetParam(), 128, {1, 37, 700, 2049}, {1, 1, 1, 1});
   // A causal multi-token step over a cached prefix.
   check_absorbed(*gpu_, GetParam(), 16, {90, 40}, {17, 40});
+  check_absorbed(*gpu_, GetParam(), 128, {90, 40}, {17, 40});
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, Fp8KvCacheCuda, ::testing::Values(Fp8KvLayout{512, 64}, Fp8KvLayout{32, 16}),

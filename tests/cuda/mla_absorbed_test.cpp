@@ -67,7 +67,7 @@ double run_case(const Case& c, unsigned seed, int wide = -1) {
   int sm_count = 0;
   MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0), "test");
   const bool wide_blocks =
-      wide < 0 ? mla_absorbed_uses_wide_blocks(c.heads, c.latent, c.rope, false) : wide != 0;
+      wide < 0 ? mla_absorbed_uses_wide_blocks(c.heads, c.latent, c.rope) : wide != 0;
   const int splits = c.splits ? c.splits
                               : mla_absorbed_num_splits(T, c.heads, sm_count,
                                                         *std::max_element(c.kv_lens.begin(), c.kv_lens.end()),
@@ -145,7 +145,7 @@ TEST(MlaAbsorbed, SixtyFourHeadBlocksOnBothKernels) {
       {{5, 1, 33}, {5, 9, 90}, 128, 512, 64, 3},  {{1, 1}, {4096, 700}, 64, 512, 64, 0},
       {{1}, {2049}, 128, 512, 64, 64},
   };
-  const bool hopper = mla_absorbed_uses_wide_blocks(128, 512, 64, false);
+  const bool hopper = mla_absorbed_uses_wide_blocks(128, 512, 64);
   for (size_t i = 0; i < cases.size(); ++i) {
     EXPECT_LT(run_case(cases[i], 20 + unsigned(i), 0), 1e-2) << "16-head kernel, case " << i;
     if (hopper) EXPECT_LT(run_case(cases[i], 20 + unsigned(i), 1), 1e-2) << "64-head kernel, case " << i;

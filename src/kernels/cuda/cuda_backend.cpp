@@ -687,7 +687,7 @@ void CudaBackend::mla_attention_absorbed(const Tensor& q, const Tensor& cache, c
   // longest context it will replay.
   const int kv_hint = static_batch_ ? static_batch_->max_kv_len : batch.max_kv_len;
   p.num_splits = mla_absorbed_num_splits(int(T), int(H), sm_count_, kv_hint,
-                                         mla_absorbed_uses_wide_blocks(int(H), int(L), int(R), fp8_cache));
+                                         mla_absorbed_uses_wide_blocks(int(H), int(L), int(R)));
   Tensor work;
   if (p.num_splits > 1 && mla_absorbed_has_fast_path(int(L), int(R))) {
     const size_t bytes = mla_absorbed_workspace_bytes(int(T), int(H), int(L), p.num_splits);

@@ -640,10 +640,10 @@ void mla_attention_absorbed(const MlaAbsorbedParams& p, cudaStream_t stream) {
                        std::to_string(kMaxSplits) + "]");
   MLA_CUDA_REQUIRE(p.num_splits == 1 || (p.partial_out && p.partial_lse),
                    std::string("mla_attention_absorbed: split-KV needs workspace"));
-  const bool fits = mla_absorbed_uses_wide_blocks(p.num_heads, p.latent_dim, p.rope_dim, p.fp8_cache),
+  const bool fits = mla_absorbed_uses_wide_blocks(p.num_heads, p.latent_dim, p.rope_dim),
              wide = p.wide_blocks < 0 ? fits : p.wide_blocks != 0;
-  MLA_CUDA_REQUIRE(!wide || fits, "mla_attention_absorbed: the 64-head wgmma kernel needs a Hopper GPU, a bf16 "
-                                  "cache and heads a multiple of 64 (heads " + std::to_string(p.num_heads) + ")");
+  MLA_CUDA_REQUIRE(!wide || fits, "mla_attention_absorbed: the 64-head wgmma kernel needs a Hopper GPU and heads "
+                                  "a multiple of 64 (heads " + std::to_string(p.num_heads) + ")");
   if (wide) {
     launch_mla_absorbed_sm90(p, stream);
     launch_merge(p, stream);

@@ -37,14 +37,14 @@ struct MlaAbsorbedParams {
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
   int num_splits = 1;
-  // The 64-head wgmma kernel (Hopper, bf16 cache, heads a multiple of 64):
+  // The 64-head wgmma kernel (Hopper, heads a multiple of 64):
   // 1 yes, 0 the 16-head kernel, -1 wherever it fits (tests force both).
   int wide_blocks = -1;
 };
 
 // Whether the launcher picks the 64-head wgmma kernel for these widths (a
-// Hopper device, a bf16 cache, heads a multiple of 64, L = 512, R = 64).
-bool mla_absorbed_uses_wide_blocks(int num_heads, int latent_dim, int rope_dim, bool fp8_cache);
+// Hopper device, heads a multiple of 64, L = 512, R = 64; either cache).
+bool mla_absorbed_uses_wide_blocks(int num_heads, int latent_dim, int rope_dim);
 
 // Splits that fill the GPU for this many tokens and heads on the kernel
 // wide_blocks names. max_kv_len only caps the count (splits of a short

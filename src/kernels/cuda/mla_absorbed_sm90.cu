@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/fp8_kv_cache.cuh"
 #include "kernels/cuda/grouped_gemm_sm90.cuh"
 #include "kernels/cuda/grouped_gemm_sm90.h"
 #include "kernels/cuda/mla_absorbed_rows.cuh"
@@ -19,9 +20,17 @@ constexpr int kColBlocks = kD / 64;
 // column blocks of 64 dims, each 64 rows of 128 bytes (grouped_gemm_sm90.cuh).
 constexpr int kBlockBytes = 64 * 128, kTileBytes = kColBlocks * kBlockBytes;
 constexpr int kLoadersPerRow = 4, kChunksPerRow = kD / 8;
-// Q tile, two kv tiles, the P tile (one column block), the row exchange; 1024-byte alignment slack.
-constexpr size_t kSmemBytes = 1024 + 3 * size_t(kTileBytes) + kBlockBytes + 2 * 64 * sizeof(float);
-static_assert(kSmemBytes <= 227 * 1024, "fits one Hopper SM");
+constexpr Fp8KvLayout kFp8Layout{kL, kR};
+constexpr int kSlotBytes = int(kFp8Layout.slot_bytes()), kSlotChunks = kSlotBytes / 16;
+static_assert(kSlotBytes % 16 == 0 && (kRows * kSlotBytes) % 1024 == 0 && kFp8Layout.num_groups() == kL / kFp8KvGroup, "16-byte copies of whole slots");
+// Q tile, the kv tiles (bf16: two; FP8: one bf16 tile and one raw slot tile),
+// the P tile (one column block), the row exchange; 1024-byte alignment slack.
+template <bool kFp8>
+constexpr size_t smem_bytes() {
+  const size_t kv = kFp8 ? size_t(kTileBytes) + size_t(kRows) * kSlotBytes : 2 * size_t(kTileBytes);
+  return 1024 + size_t(kTileBytes) + kv + kBlockBytes + 2 * 64 * sizeof(float);
+}
+static_assert(smem_bytes<false>() <= 227 * 1024 && smem_bytes<true>() <= 227 * 1024, "fits one Hopper SM");
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled 64-row tile.
 __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
@@ -39,13 +48,20 @@ __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
 // NOTES: the phases of a tile run in order (scores, softmax, products); the
 // next tile's copies overlap them. Overlapping the next tile's scores with
 // this tile's softmax is what FlashMLA adds on top.
+// kFp8: the cache holds FP8 slots (fp8_kv_layout.h); cp.async brings a tile
+// of raw slots (42 KB), which the block widens into the bf16 tile (value x
+// scale in f32, rounded to bf16: 2^-9 relative, far under e4m3's own
+// rounding) before the next raw tile is requested. No room for a second
+// raw tile next to the Q tile; the rows in flight match the bf16 ring's.
+template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsorbedParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint8_t* q_s = base;
-  uint8_t* kv_s = base + kTileBytes;  // [2] tiles
-  uint8_t* p_s = base + 3 * kTileBytes;
+  uint8_t* kv_s = base + kTileBytes;  // bf16: [2] tiles; FP8: the bf16 tile, then the raw slot tile
+  uint8_t* raw_s = kv_s + kTileBytes;
+  uint8_t* p_s = kv_s + (kFp8 ? kTileBytes + kRows * kSlotBytes : 2 * kTileBytes);  // 1024-byte aligned
   float* x_s = reinterpret_cast<float*>(p_s + kBlockBytes);  // [2 warpgroups][64 heads]
 
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
@@ -81,6 +97,16 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
     return j < end ? int64_t(slots[j]) : int64_t(-1);
   };
   auto load_tile = [&](int64_t slot, int buf) {
+    if constexpr (kFp8) {
+      const uint8_t* src = p.fp8_cache + (slot >= 0 ? slot : 0) * kSlotBytes;
+#pragma unroll
+      for (int i = 0; i < (kSlotChunks + kLoadersPerRow - 1) / kLoadersPerRow; ++i) {
+        const int c = load_chunk0 + kLoadersPerRow * i;
+        // Rows past the split are zeros: values 0 times scale 0.
+        if (c < kSlotChunks) cp_async_16(raw_s + load_row * kSlotBytes + c * 16, src + c * 16, slot >= 0 ? 16 : 0);
+      }
+      return;
+    }
     uint8_t* dst = kv_s + buf * kTileBytes;
     const __nv_bfloat16* src = p.cache + (slot >= 0 ? slot : 0) * kD;
 #pragma unroll
@@ -88,6 +114,26 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
       const int c = load_chunk0 + kLoadersPerRow * i;
       // Rows past the split are zero-filled: P is 0 there, and 0 · garbage could be NaN.
       cp_async_16(dst + swizzled(load_row, c), src + c * 8, slot >= 0 ? 16 : 0);
+    }
+  };
+  // FP8: this thread's share of the raw tile (its row, every 4th 8-value chunk) into the bf16 tile.
+  auto widen_tile = [&]() {
+    constexpr Fp8KvLayout layout = kFp8Layout;  // a device-side copy for the helper's reference
+    const uint8_t* raw = raw_s + load_row * kSlotBytes;
+#pragma unroll 4  // fully unrolled, the loads of all 16 chunks stay live beside the accumulators and spill
+    for (int i = 0; i < kL / 8 / kLoadersPerRow; ++i) {
+      const int c = load_chunk0 + kLoadersPerRow * i;
+      float v[8];
+      load_fp8_kv_latent8(raw, layout, c * 8, v);
+      *reinterpret_cast<uint4*>(kv_s + swizzled(load_row, c)) =
+          make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]), pack_bf16x2(v[4], v[5]),
+                     pack_bf16x2(v[6], v[7]));
+    }
+#pragma unroll
+    for (int i = 0; i < kR / 8 / kLoadersPerRow; ++i) {
+      const int c = load_chunk0 + kLoadersPerRow * i;
+      *reinterpret_cast<uint4*>(kv_s + swizzled(load_row, kL / 8 + c)) =
+          *reinterpret_cast<const uint4*>(raw + kFp8Layout.rope_offset() + c * 16);
     }
   };
   load_tile(slot_of(0), 0);
@@ -103,9 +149,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
   const uint32_t q_addr = sm90::smem_u32(q_s), p_addr = sm90::smem_u32(p_s);
 
   for (int it = 0; it < num_tiles; ++it) {
-    const int buf = it & 1;
+    const int buf = kFp8 ? 0 : it & 1;
     cp_async_wait<0>();
-    sm90::fence_proxy_async_smem();  // wgmma reads what cp.async wrote
+    if constexpr (kFp8) {
+      __syncthreads();  // the raw tile landed, and every thread is done with the bf16 tile of tile it - 1
+      widen_tile();
+    }
+    sm90::fence_proxy_async_smem();  // wgmma reads what cp.async (or the widening) wrote
     // Every thread is also done with tile it - 1: its buffer, P and the exchange may be overwritten.
     __syncthreads();
     if (it + 1 < num_tiles) load_tile(next_slot, buf ^ 1);
@@ -231,22 +281,32 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
 
 }  // namespace
 
-bool mla_absorbed_uses_wide_blocks(int num_heads, int latent_dim, int rope_dim, bool fp8_cache) {
-  return latent_dim == kL && rope_dim == kR && !fp8_cache && num_heads > 0 && num_heads % kMlaWideHeads == 0 &&
+bool mla_absorbed_uses_wide_blocks(int num_heads, int latent_dim, int rope_dim) {
+  return latent_dim == kL && rope_dim == kR && num_heads > 0 && num_heads % kMlaWideHeads == 0 &&
          sm90_gemm_supported();
 }
 
-void launch_mla_absorbed_sm90(const MlaAbsorbedParams& p, cudaStream_t stream) {
-  static bool attribute_set = false;  // once per process
+namespace {
+
+template <bool kFp8>
+void launch(const MlaAbsorbedParams& p, cudaStream_t stream) {
+  static bool attribute_set = false;  // once per process and variant
   if (!attribute_set) {
-    MLA_CUDA_CHECK(cudaFuncSetAttribute(mla_absorbed_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(kSmemBytes)),
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(mla_absorbed_sm90_kernel<kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(smem_bytes<kFp8>())),
                    "mla_attention_absorbed (sm90)");
     attribute_set = true;
   }
   const dim3 grid(p.num_splits, p.num_heads / kMlaWideHeads, p.num_tokens);
-  mla_absorbed_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
+  mla_absorbed_sm90_kernel<kFp8><<<grid, kThreads, smem_bytes<kFp8>(), stream>>>(p);
   check_launch("mla_attention_absorbed (sm90)");
+}
+
+}  // namespace
+
+void launch_mla_absorbed_sm90(const MlaAbsorbedParams& p, cudaStream_t stream) {
+  if (p.fp8_cache) launch<true>(p, stream);
+  else launch<false>(p, stream);
 }
 
 }  // namespace mlaserve::cuda
