@@ -46,8 +46,16 @@ __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
 // memory, the tile's latent part read as the MN-major B operand: the same
 // tile serves K and V).
 // NOTES: the phases of a tile run in order (scores, softmax, products); the
-// next tile's copies overlap them. Overlapping the next tile's scores with
-// this tile's softmax is what FlashMLA adds on top.
+// next tile's copies overlap them. H100, 64 x 8192 x 128 heads (perf.md
+// session 9): 438 us; without the copies 293, without the MMAs 316, without
+// both 96 (softmax, barriers): copies and MMAs barely overlap, and the copies
+// alone reach only ~1.9 TB/s of unique bytes (each tile crosses L2 -> SM
+// once per 64-head block). Measured and dropped: bulk L2 prefetch of the
+// next tiles (+10%), skipping the rescale when no row maximum moved and
+// masking only the last tile (+3-8%). Next: a cluster of a token's two head
+// blocks with the tile multicast by TMA (one box of 64 dims x 1 row per
+// column block lands in the swizzled layout), and the next tile's scores
+// overlapping this tile's softmax (FlashMLA).
 // kFp8: the cache holds FP8 slots (fp8_kv_layout.h); cp.async brings a tile
 // of raw slots (42 KB), which the block widens into the bf16 tile (value x
 // scale in f32, rounded to bf16: 2^-9 relative, far under e4m3's own
@@ -150,16 +158,24 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
 
   for (int it = 0; it < num_tiles; ++it) {
     const int buf = kFp8 ? 0 : it & 1;
-    cp_async_wait<0>();
     if constexpr (kFp8) {
+      cp_async_wait<0>();
       __syncthreads();  // the raw tile landed, and every thread is done with the bf16 tile of tile it - 1
       widen_tile();
+      sm90::fence_proxy_async_smem();  // wgmma reads what the widening wrote
+      __syncthreads();  // the raw tile is free: request the next one
+      if (it + 1 < num_tiles) load_tile(next_slot, 0);
+      cp_async_commit();
+    } else {
+      // Tile it - 1's buffer is free (the barrier that ended the last
+      // iteration): request tile it + 1 before waiting for tile it, so two
+      // tiles are in flight while this one lands.
+      if (it + 1 < num_tiles) load_tile(next_slot, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+      sm90::fence_proxy_async_smem();  // wgmma reads what cp.async wrote
+      __syncthreads();
     }
-    sm90::fence_proxy_async_smem();  // wgmma reads what cp.async (or the widening) wrote
-    // Every thread is also done with tile it - 1: its buffer, P and the exchange may be overwritten.
-    __syncthreads();
-    if (it + 1 < num_tiles) load_tile(next_slot, buf ^ 1);
-    cp_async_commit();
     next_slot = slot_of(it + 2);
     const uint32_t kv_addr = sm90::smem_u32(kv_s + buf * kTileBytes);
 
@@ -238,6 +254,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
     sm90::fence_registers(o);
+    __syncthreads();  // every thread is done with this tile's buffer, P and the exchange
   }
   // Dependents (the split merge) may launch now; they wait for this grid's
   // completion and memory before reading anything.
@@ -249,7 +266,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
   }
-  __syncthreads();  // the last tile's maxima are read
   if (lane % 4 == 0) {
     x_s[wg * 64 + row0] = l_run[0];
     x_s[wg * 64 + row0 + 8] = l_run[1];
