@@ -6,8 +6,10 @@
 // GEMM rate. Routing on random weights is close to uniform (the balanced case).
 //
 //   bench_model_cuda --dir /tmp/v2lite [--preset v2-lite] [--layers N] [--dtype bf16|fp8]
-//                    [--batches 1,8,64] [--input 512] [--output 128] [--kv-cache-dtype auto|fp8_e4m3]
-//                    [--prefill 0|1]
+//                    [--batches 1,8,64|none] [--input 512] [--output 128] [--kv-cache-dtype auto|fp8_e4m3]
+//                    [--prefill 0|1] [--extend B,P,N] [--mla-mode auto|absorbed|expanded]
+// --extend also times B sequences adding N new tokens to a P-token cached
+// prefix (a prefix-cache hit; --mla-mode picks the MLA form, auto by default).
 // With --dtype fp8 the checkpoint is block-FP8 and its weights stay FP8 on
 // the GPU (bytes counted at 1 per weight for the quantized projections)
 // unless MLASERVE_FP8=0 dequantizes them at load.
@@ -52,6 +54,8 @@ struct Args {
   int input = 512, output = 128;
   std::string kv_cache_dtype = "auto";  // the decode runs' latent cache: auto (bf16) or fp8_e4m3
   bool prefill = true;                  // time the 1 x 4096 and 8 x 512 prefills
+  int extend_batch = 0, extend_prefix = 0, extend_new = 0;  // --extend B,P,N (0: not timed)
+  MlaMode mla_mode = MlaMode::Auto;
 };
 
 Args parse(int argc, char** argv) {
@@ -66,9 +70,19 @@ Args parse(int argc, char** argv) {
     else if (k == "--output") a.output = std::stoi(v);
     else if (k == "--kv-cache-dtype") a.kv_cache_dtype = v;
     else if (k == "--prefill") a.prefill = v != "0";
+    else if (k == "--mla-mode") {
+      if (v == "auto") a.mla_mode = MlaMode::Auto;
+      else if (v == "absorbed") a.mla_mode = MlaMode::Absorbed;
+      else if (v == "expanded") a.mla_mode = MlaMode::Expanded;
+      else fail("--mla-mode {}: auto, absorbed or expanded", v);
+    } else if (k == "--extend") {
+      MLA_CHECK(std::sscanf(v.c_str(), "%d,%d,%d", &a.extend_batch, &a.extend_prefix, &a.extend_new) == 3 &&
+                    a.extend_batch > 0 && a.extend_prefix > 0 && a.extend_new > 0,
+                "--extend {}: want B,P,N (positive)", v);
+    }
     else if (k == "--batches") {
-      a.batches.clear();
-      std::stringstream ss(v);
+      a.batches.clear();  // "none": no decode runs
+      std::stringstream ss(v == "none" ? "" : v);
       for (std::string x; std::getline(ss, x, ',');) a.batches.push_back(std::stoi(x));
     } else {
       fail("unknown option {}", k);
@@ -192,6 +206,27 @@ ForwardBatch prefill_batch(int B, int len, int slot_stride, std::mt19937& rng, i
     }
     b.q_indptr.push_back(b.q_indptr.back() + len);
     b.kv_indptr.push_back(b.kv_indptr.back() + len);
+    b.logit_rows.push_back(b.q_indptr.back() - 1);
+  }
+  return b;
+}
+
+// B sequences each adding n tokens to a p-token prefix already in slots
+// [s * slot_stride, + p).
+ForwardBatch extend_batch(int B, int p, int n, int slot_stride, std::mt19937& rng, int vocab) {
+  ForwardBatch b;
+  b.q_indptr = {0};
+  b.kv_indptr = {0};
+  std::uniform_int_distribution<int> tok(0, vocab - 1);
+  for (int s = 0; s < B; ++s) {
+    for (int i = 0; i < n; ++i) {
+      b.input_ids.push_back(tok(rng));
+      b.positions.push_back(p + i);
+      b.out_slots.push_back(s * slot_stride + p + i);
+    }
+    for (int j = 0; j < p + n; ++j) b.kv_slots.push_back(s * slot_stride + j);
+    b.q_indptr.push_back(b.q_indptr.back() + n);
+    b.kv_indptr.push_back(int32_t(b.kv_slots.size()));
     b.logit_rows.push_back(b.q_indptr.back() - 1);
   }
   return b;
@@ -396,7 +431,7 @@ int run(const Args& a) {
   MLA_CHECK(backend_ptr, "no CUDA GPU");
   auto& cuda_be = dynamic_cast<CudaBackend&>(*backend_ptr);
   OpTimingBackend timing(cuda_be);
-  DeepseekModel model(ckpt, timing, {MlaMode::Auto, false});
+  DeepseekModel model(ckpt, timing, {a.mla_mode, false});
   auto& be = cuda_be;
   be.synchronize();
   const ModelConfig& c = model.config();
@@ -431,6 +466,34 @@ int run(const Args& a) {
     const double tflops = prefill_flops(c, pc, B, len) / (best / 1e3) / 1e12;
     std::printf("| prefill %d x %d | eager | %.0f | %.2f | | | %.0f | %.0f%% |\n", B, len, B * len / (best / 1e3), best,
                 tflops, 100 * tflops / ceil.gemm_tflops);
+    std::fflush(stdout);
+  }
+
+  if (a.extend_new > 0) {
+    const int B = a.extend_batch, P = a.extend_prefix, N = a.extend_new, stride = P + N;
+    auto cache = allocate_kv_cache(be, c, B * stride);
+    const int group = std::max(1, 32768 / P);
+    for (int s0 = 0; s0 < B; s0 += group)
+      model.forward(prefill_batch(std::min(group, B - s0), P, stride, rng, c.vocab_size, s0), cache);
+    const ForwardBatch eb = extend_batch(B, P, N, stride, rng, c.vocab_size);
+    const char* form = a.mla_mode == MlaMode::Expanded   ? "expanded"
+                       : a.mla_mode == MlaMode::Absorbed ? "absorbed"
+                       : absorbed_form_pays_off(eb)      ? "auto: absorbed"
+                                                         : "auto: expanded";
+    model.forward(eb, cache);  // warm-up
+    be.synchronize();
+    float best = 1e9f;
+    for (int i = 0; i < 5; ++i) {
+      cudaEventRecord(e0, be.stream());
+      model.forward(eb, cache);
+      cudaEventRecord(e1, be.stream());
+      cudaEventSynchronize(e1);
+      float ms;
+      cudaEventElapsedTime(&ms, e0, e1);
+      best = std::min(best, ms);
+    }
+    std::printf("| extend bs %d: %d new over %d cached | %s | %.0f | %.3f | | | | |\n", B, N, P, form,
+                B * N / (best / 1e3), best);
     std::fflush(stdout);
   }
 

@@ -39,7 +39,7 @@ bool DeepseekModel::use_absorbed(const DeviceBatch& batch) const {
   switch (options_.mla_mode) {
     case MlaMode::Absorbed: return true;
     case MlaMode::Expanded: return false;
-    case MlaMode::Auto: return batch.is_decode;
+    case MlaMode::Auto: return absorbed_form_pays_off(batch.host);
   }
   return false;
 }

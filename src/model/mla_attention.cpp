@@ -6,6 +6,21 @@ namespace mlaserve {
 // code and transformers build them with the RMSNorm default, not rms_norm_eps.
 constexpr float kLatentNormEps = 1e-6f;
 
+bool absorbed_form_pays_off(const ForwardBatch& batch) {
+  if (batch.is_decode()) return true;
+  // Per sequence and head, absorbed: q_len x kv_len x (576 + 512) x 2 FLOPs;
+  // expanded: kv_len x 512 x 256 x 2 of kv_b_proj for every cached row plus
+  // the causal attention's 320 x 2 a pair. Measured on v3-slice, 8 sequences
+  // over 4096 cached tokens (H100, perf.md session 9): absorbed 1.9x faster
+  // at 16 new tokens, 1.3x at 64, even at 128, slower at 256.
+  for (int b = 0; b < batch.num_seqs(); ++b) {
+    const int q_len = batch.q_indptr[b + 1] - batch.q_indptr[b];
+    const int kv_len = batch.kv_indptr[b + 1] - batch.kv_indptr[b];
+    if (kv_len <= q_len || q_len > kMaxAbsorbedExtendTokens) return false;
+  }
+  return true;
+}
+
 std::optional<MlaDecodeChain> decode_chain(const MlaContext& ctx, const MlaWeights& w, const Tensor& h, Tensor cache) {
   if (!w.fused_qkv_a_proj || ctx.config->q_lora_rank) return std::nullopt;
   MlaDecodeChain chain;

@@ -14,7 +14,21 @@
 
 namespace mlaserve {
 
+// Auto: absorbed_form_pays_off (decode, and short extensions of cached prefixes).
 enum class MlaMode { Auto, Absorbed, Expanded };
+
+// New tokens a sequence may add to its cached prefix for Auto to keep the
+// absorbed form: past it the expanded form's kv_b_proj expansion of every
+// cached row is cheaper than the absorbed form's 576 + 512 wide products per
+// (query, row) pair.
+constexpr int kMaxAbsorbedExtendTokens = 64;
+
+// MlaMode::Auto's choice, SGLang's rule for DeepSeek MLA with a bound: the
+// absorbed form for decode steps and for batches in which every sequence
+// extends a cached prefix by at most kMaxAbsorbedExtendTokens (prefix-cache
+// hits, the last chunk of a chunked prefill); the expanded form for prompts
+// with no cached prefix and for long extensions.
+bool absorbed_form_pays_off(const ForwardBatch& batch);
 
 struct MlaContext {
   const ModelConfig* config = nullptr;

@@ -72,6 +72,26 @@ TEST_P(MlaFormsTest, ChunkedPrefillOverCachedPrefixEqualsOneShot) {
   EXPECT_LE(worst, kFormTolerance);
 }
 
+TEST_P(MlaFormsTest, ShortExtensionOfCachedPrefixEqualsOneShot) {
+  // Auto takes the absorbed form for 7 new tokens over a 5-token cached
+  // prefix (causal within the new tokens, the kernels' extend rows).
+  TempCheckpoint ckpt(GetParam(), "bf16", 7);
+  auto be = make_cpu_backend();
+  DeepseekModel model(ckpt.get(), *be, {MlaMode::Auto, false});
+  const auto ids = test_sequence(12, model.config().vocab_size);
+  Logits full = full_sequence_logits(model, ids);
+  auto cache = allocate_kv_cache(*be, model.config(), int(ids.size()));
+  std::span<const int32_t> all(ids);
+  to_logits(*be, model.forward(contiguous_sequence_batch(all.first(5), 0, true), cache));
+  const ForwardBatch extend = contiguous_sequence_batch(all.subspan(5), 5, true);
+  ASSERT_TRUE(absorbed_form_pays_off(extend));
+  Logits rest = to_logits(*be, model.forward(extend, cache));
+  double worst = 0;
+  for (int64_t r = 0; r < rest.rows; ++r) worst = std::max(worst, max_abs_diff(rest.row(r), full.row(5 + r)));
+  std::printf("[absorbed extend] %s: second chunk vs one-shot prefill max |diff| %.3g\n", GetParam(), worst);
+  EXPECT_LE(worst, kFormTolerance);
+}
+
 TEST_P(MlaFormsTest, TwoSequencesInOneBatchEqualSeparateRuns) {
   TempCheckpoint ckpt(GetParam(), "bf16", 7);
   auto be = make_cpu_backend();
@@ -102,6 +122,27 @@ TEST_P(MlaFormsTest, TwoSequencesInOneBatchEqualSeparateRuns) {
 
 INSTANTIATE_TEST_SUITE_P(Presets, MlaFormsTest, ::testing::Values("tiny", "tiny-v2"),
                          [](const auto& info) { return std::string(info.param) == "tiny" ? "tiny" : "tiny_v2"; });
+
+ForwardBatch lengths_batch(const std::vector<std::pair<int, int>>& q_kv) {
+  ForwardBatch b;
+  b.q_indptr = {0};
+  b.kv_indptr = {0};
+  for (auto [q, kv] : q_kv) {
+    b.q_indptr.push_back(b.q_indptr.back() + q);
+    b.kv_indptr.push_back(b.kv_indptr.back() + kv);
+  }
+  return b;
+}
+
+TEST(MlaMode, AutoTakesAbsorbedForDecodeAndShortExtensionsOfCachedPrefixes) {
+  EXPECT_TRUE(absorbed_form_pays_off(lengths_batch({{1, 1}, {1, 900}})));
+  EXPECT_TRUE(absorbed_form_pays_off(lengths_batch({{20, 4116}, {1, 300}})));
+  EXPECT_TRUE(absorbed_form_pays_off(lengths_batch({{kMaxAbsorbedExtendTokens, kMaxAbsorbedExtendTokens + 1}})));
+  // A prompt with nothing cached, a long extension, or one of them in the batch.
+  EXPECT_FALSE(absorbed_form_pays_off(lengths_batch({{12, 12}})));
+  EXPECT_FALSE(absorbed_form_pays_off(lengths_batch({{kMaxAbsorbedExtendTokens + 1, 8192}})));
+  EXPECT_FALSE(absorbed_form_pays_off(lengths_batch({{1, 500}, {30, 30}})));
+}
 
 TEST(DeepseekModel, RejectsWrongCacheCount) {
   TempCheckpoint ckpt("tiny", "bf16", 7);
