@@ -143,7 +143,7 @@ CommandRegistration generate_command(
       app.add_option("--kv-cache-dtype", o->kv_cache_dtype, "latent cache dtype: auto (= activations), bf16 or fp8_e4m3")
           ->capture_default_str()
           ->check(CLI::IsMember({"auto", "bf16", "fp8_e4m3"}));
-      app.add_option("--mla-mode", o->mla_mode, "auto (expanded prefill, absorbed decode), absorbed or expanded")
+      app.add_option("--mla-mode", o->mla_mode, "auto (absorbed for decode and short extensions of a cached prefix, expanded otherwise), absorbed or expanded")
           ->capture_default_str()
           ->check(CLI::IsMember({"auto", "absorbed", "expanded"}));
       return [=]() {
