@@ -61,6 +61,9 @@ __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
 // scale in f32, rounded to bf16: 2^-9 relative, far under e4m3's own
 // rounding) before the next raw tile is requested. No room for a second
 // raw tile next to the Q tile; the rows in flight match the bf16 ring's.
+// Measured and dropped (H100, perf.md session 9): 48-row tiles, so that two
+// widened tiles and a raw tile fit, with tile it + 1 widened while the
+// tensor cores score tile it: 735-749 against 620-626 us at 64 x 8192.
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsorbedParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
