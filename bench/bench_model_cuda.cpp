@@ -7,9 +7,11 @@
 //
 //   bench_model_cuda --dir /tmp/v2lite [--preset v2-lite] [--layers N] [--dtype bf16|fp8]
 //                    [--batches 1,8,64|none] [--input 512] [--output 128] [--kv-cache-dtype auto|fp8_e4m3]
-//                    [--prefill 0|1] [--extend B,P,N] [--mla-mode auto|absorbed|expanded]
+//                    [--prefill 0|1] [--extend B,P,N] [--mixed D,C,P] [--mla-mode auto|absorbed|expanded]
 // --extend also times B sequences adding N new tokens to a P-token cached
-// prefix (a prefix-cache hit; --mla-mode picks the MLA form, auto by default).
+// prefix (a prefix-cache hit); --mixed one step as the scheduler mixes it, D
+// decode rows at context C and then a P-token prompt; --mla-mode picks the
+// MLA form, auto by default.
 // With --dtype fp8 the checkpoint is block-FP8 and its weights stay FP8 on
 // the GPU (bytes counted at 1 per weight for the quantized projections)
 // unless MLASERVE_FP8=0 dequantizes them at load.
@@ -55,6 +57,7 @@ struct Args {
   std::string kv_cache_dtype = "auto";  // the decode runs' latent cache: auto (bf16) or fp8_e4m3
   bool prefill = true;                  // time the 1 x 4096 and 8 x 512 prefills
   int extend_batch = 0, extend_prefix = 0, extend_new = 0;  // --extend B,P,N (0: not timed)
+  int mixed_decode = 0, mixed_context = 0, mixed_prompt = 0;  // --mixed D,C,P (0: not timed)
   MlaMode mla_mode = MlaMode::Auto;
 };
 
@@ -75,6 +78,10 @@ Args parse(int argc, char** argv) {
       else if (v == "absorbed") a.mla_mode = MlaMode::Absorbed;
       else if (v == "expanded") a.mla_mode = MlaMode::Expanded;
       else fail("--mla-mode {}: auto, absorbed or expanded", v);
+    } else if (k == "--mixed") {
+      MLA_CHECK(std::sscanf(v.c_str(), "%d,%d,%d", &a.mixed_decode, &a.mixed_context, &a.mixed_prompt) == 3 &&
+                    a.mixed_decode > 0 && a.mixed_context > 0 && a.mixed_prompt > 0,
+                "--mixed {}: want D,C,P (positive)", v);
     } else if (k == "--extend") {
       MLA_CHECK(std::sscanf(v.c_str(), "%d,%d,%d", &a.extend_batch, &a.extend_prefix, &a.extend_new) == 3 &&
                     a.extend_batch > 0 && a.extend_prefix > 0 && a.extend_new > 0,
@@ -466,6 +473,45 @@ int run(const Args& a) {
     const double tflops = prefill_flops(c, pc, B, len) / (best / 1e3) / 1e12;
     std::printf("| prefill %d x %d | eager | %.0f | %.2f | | | %.0f | %.0f%% |\n", B, len, B * len / (best / 1e3), best,
                 tflops, 100 * tflops / ceil.gemm_tflops);
+    std::fflush(stdout);
+  }
+
+  if (a.mixed_decode > 0) {
+    const int D = a.mixed_decode, C = a.mixed_context, P = a.mixed_prompt, stride = C + 1;
+    auto cache = allocate_kv_cache(be, c, D * stride + P);
+    const int group = std::max(1, 32768 / C);
+    for (int s0 = 0; s0 < D; s0 += group)
+      model.forward(prefill_batch(std::min(group, D - s0), C, stride, rng, c.vocab_size, s0), cache);
+    ForwardBatch mb = extend_batch(D, C, 1, stride, rng, c.vocab_size);
+    const ForwardBatch prompt = prefill_batch(1, P, P, rng, c.vocab_size, 0);
+    const int t0 = mb.num_tokens(), k0 = int(mb.kv_slots.size());
+    for (int i = 0; i < P; ++i) {
+      mb.input_ids.push_back(prompt.input_ids[size_t(i)]);
+      mb.positions.push_back(i);
+      mb.out_slots.push_back(D * stride + i);
+      mb.kv_slots.push_back(D * stride + i);
+    }
+    mb.q_indptr.push_back(t0 + P);
+    mb.kv_indptr.push_back(k0 + P);
+    mb.logit_rows.push_back(t0 + P - 1);
+    const int absorbed_seqs = absorbed_leading_seqs(mb);
+    model.forward(mb, cache);  // warm-up
+    be.synchronize();
+    float best = 1e9f;
+    for (int i = 0; i < 5; ++i) {
+      cudaEventRecord(e0, be.stream());
+      model.forward(mb, cache);
+      cudaEventRecord(e1, be.stream());
+      cudaEventSynchronize(e1);
+      float ms;
+      cudaEventElapsedTime(&ms, e0, e1);
+      best = std::min(best, ms);
+    }
+    std::printf("| mixed: %d decode rows at %d + a %d-token prompt | %s (%d absorbed sequences) | %.0f | %.3f | | | | |\n",
+                D, C, P,
+                a.mla_mode == MlaMode::Auto ? "auto" : a.mla_mode == MlaMode::Expanded ? "expanded" : "absorbed",
+                a.mla_mode == MlaMode::Auto ? absorbed_seqs : a.mla_mode == MlaMode::Absorbed ? D + 1 : 0,
+                (D + P) / (best / 1e3), best);
     std::fflush(stdout);
   }
 

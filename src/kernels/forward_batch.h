@@ -39,6 +39,24 @@ struct ForwardBatch {
       if (q_indptr[b + 1] - q_indptr[b] != 1) return false;
     return true;
   }
+
+  // Sequences [s0, s1) as a batch of their own: their tokens, slots and
+  // logit rows, indptrs and rows rebased.
+  ForwardBatch sequences(int s0, int s1) const {
+    ForwardBatch b;
+    const int t0 = q_indptr[s0], t1 = q_indptr[s1], k0 = kv_indptr[s0], k1 = kv_indptr[s1];
+    b.input_ids.assign(input_ids.begin() + t0, input_ids.begin() + t1);
+    b.positions.assign(positions.begin() + t0, positions.begin() + t1);
+    b.out_slots.assign(out_slots.begin() + t0, out_slots.begin() + t1);
+    b.kv_slots.assign(kv_slots.begin() + k0, kv_slots.begin() + k1);
+    for (int s = s0; s <= s1; ++s) {
+      b.q_indptr.push_back(q_indptr[s] - t0);
+      b.kv_indptr.push_back(kv_indptr[s] - k0);
+    }
+    for (int32_t r : logit_rows)
+      if (r >= t0 && r < t1) b.logit_rows.push_back(r - t0);
+    return b;
+  }
 };
 
 }  // namespace mlaserve

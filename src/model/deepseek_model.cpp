@@ -35,17 +35,21 @@ DeepseekModel::DeepseekModel(const Checkpoint& ckpt, Backend& backend, ModelOpti
   spdlog::debug("model loaded: {} layers{}, backend {}", c.num_hidden_layers, mtp_ ? " + MTP" : "", backend.name());
 }
 
-bool DeepseekModel::use_absorbed(const DeviceBatch& batch) const {
-  switch (options_.mla_mode) {
-    case MlaMode::Absorbed: return true;
-    case MlaMode::Expanded: return false;
-    case MlaMode::Auto: return absorbed_form_pays_off(batch.host);
-  }
-  return false;
+MlaBatchPlan DeepseekModel::plan_mla(const DeviceBatch& batch) {
+  if (options_.mla_mode != MlaMode::Auto) return MlaBatchPlan::whole(options_.mla_mode == MlaMode::Absorbed);
+  const ForwardBatch& b = batch.host;
+  const int n = b.num_seqs(), k = absorbed_leading_seqs(b);
+  if (k == n) return MlaBatchPlan::whole(true);
+  if (k == 0 || b.kv_indptr[k] < options_.min_absorbed_split_rows) return MlaBatchPlan::whole(false);
+  MlaBatchPlan plan;
+  plan.split_token = b.q_indptr[k];
+  plan.absorbed_part = backend_.prepare_batch(b.sequences(0, k));
+  plan.expanded_part = backend_.prepare_batch(b.sequences(k, n));
+  return plan;
 }
 
-void DeepseekModel::run_block(const DecoderLayerWeights& w, const DeviceBatch& batch, bool absorbed, Tensor cache,
-                              Tensor& x, Tensor& residual, bool first) {
+void DeepseekModel::run_block(const DecoderLayerWeights& w, const DeviceBatch& batch, const MlaBatchPlan& plan,
+                              Tensor cache, Tensor& x, Tensor& residual, bool first) {
   const float eps = float(config_.rms_norm_eps);
   const DType act = backend_.act_dtype();
   Tensor normed = backend_.alloc(x.shape(), act);
@@ -71,7 +75,7 @@ void DeepseekModel::run_block(const DecoderLayerWeights& w, const DeviceBatch& b
     tail.routing = w.moe->routing;
     tail.topk_ids = backend_.alloc({x.dim(0), k}, DType::I32);
     tail.topk_weights = backend_.alloc({x.dim(0), k}, DType::F32);
-    if (!mla_attention(backend_, mla_, w.attn, normed, batch, absorbed, cache, attn_out, &tail)) {
+    if (!mla_attention(backend_, mla_, w.attn, normed, batch, plan, cache, attn_out, &tail)) {
       backend_.rms_norm(attn_out, w.post_attention_layernorm, eps, normed, residual);
       backend_.moe_select(normed, w.moe->router, w.moe->score_correction_bias, w.moe->routing, tail.topk_ids,
                           tail.topk_weights);  // router logits + top-k
@@ -79,7 +83,7 @@ void DeepseekModel::run_block(const DecoderLayerWeights& w, const DeviceBatch& b
     // Routed and shared experts in one call.
     backend_.moe_experts(normed, w.moe->experts, tail.topk_ids, tail.topk_weights, mlp_out);
   } else {
-    mla_attention(backend_, mla_, w.attn, normed, batch, absorbed, cache, attn_out);
+    mla_attention(backend_, mla_, w.attn, normed, batch, plan, cache, attn_out);
     backend_.rms_norm(attn_out, w.post_attention_layernorm, eps, normed, residual);
     dense_mlp(backend_, *w.mlp, normed, mlp_out);
   }
@@ -109,11 +113,11 @@ Tensor DeepseekModel::forward(const ForwardBatch& batch, const std::vector<Tenso
               c.index_topk, db.max_kv_len);
   }
   const int64_t T = db.num_tokens, D = c.hidden_size;
-  const bool absorbed = use_absorbed(db);
+  const MlaBatchPlan plan = plan_mla(db);
   Tensor x = backend_.alloc({T, D}, backend_.act_dtype());
   backend_.embedding(db.input_ids, embed_tokens_, x);
   Tensor residual;
-  for (size_t i = 0; i < layers_.size(); ++i) run_block(layers_[i], db, absorbed, kv_cache[i], x, residual, i == 0);
+  for (size_t i = 0; i < layers_.size(); ++i) run_block(layers_[i], db, plan, kv_cache[i], x, residual, i == 0);
   Tensor normed = backend_.alloc({T, D}, backend_.act_dtype());
   backend_.rms_norm(x, final_norm_, float(c.rms_norm_eps), normed, residual);
   if (final_hidden) *final_hidden = normed;
@@ -139,7 +143,7 @@ Tensor DeepseekModel::mtp_forward(const ForwardBatch& batch, const Tensor& hidde
   Tensor x = backend_.alloc({T, D}, act);
   backend_.linear(both, mtp_->eh_proj, x);
   Tensor residual;
-  run_block(mtp_->block, db, use_absorbed(db), mtp_cache, x, residual, /*first=*/true);
+  run_block(mtp_->block, db, plan_mla(db), mtp_cache, x, residual, /*first=*/true);
   Tensor normed = backend_.alloc({T, D}, act);
   backend_.rms_norm(x, mtp_->shared_head_norm, eps, normed, residual);
   return logits_for_rows(db, normed, mtp_->shared_head);

@@ -15,11 +15,14 @@
 namespace mlaserve {
 
 struct ModelOptions {
-  // Auto: expanded MLA when some sequence adds several tokens (prefill),
-  // absorbed when every sequence adds one (decode).
+  // Auto: absorbed MLA for decode and short extensions of a cached prefix,
+  // expanded for the rest (absorbed_leading_seqs; a batch may be split).
   MlaMode mla_mode = MlaMode::Auto;
   // Load the checkpoint's first NextN block (if it has one) for mtp_forward.
   bool load_mtp = true;
+  // Auto splits a batch only when its absorbed part has at least this many
+  // cached rows (kMinAbsorbedSplitRows; tests lower it to reach the split).
+  int64_t min_absorbed_split_rows = kMinAbsorbedSplitRows;
 };
 
 class DeepseekModel {
@@ -48,9 +51,10 @@ class DeepseekModel {
  private:
   // One decoder block: residual stream update in place, `x` is the previous
   // block's MLP output (or the embedding for the first block).
-  void run_block(const DecoderLayerWeights& w, const DeviceBatch& batch, bool absorbed, Tensor cache, Tensor& x,
-                 Tensor& residual, bool first);
-  bool use_absorbed(const DeviceBatch& batch) const;
+  void run_block(const DecoderLayerWeights& w, const DeviceBatch& batch, const MlaBatchPlan& plan, Tensor cache,
+                 Tensor& x, Tensor& residual, bool first);
+  // The MLA form(s) for this batch (options_.mla_mode; Auto may split it).
+  MlaBatchPlan plan_mla(const DeviceBatch& batch);
   Tensor logits_for_rows(const DeviceBatch& batch, const Tensor& normed, const Weight& head);
 
   ModelConfig config_;

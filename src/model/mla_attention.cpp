@@ -6,19 +6,24 @@ namespace mlaserve {
 // code and transformers build them with the RMSNorm default, not rms_norm_eps.
 constexpr float kLatentNormEps = 1e-6f;
 
-bool absorbed_form_pays_off(const ForwardBatch& batch) {
-  if (batch.is_decode()) return true;
+int absorbed_leading_seqs(const ForwardBatch& batch) {
   // Per sequence and head, absorbed: q_len x kv_len x (576 + 512) x 2 FLOPs;
   // expanded: kv_len x 512 x 256 x 2 of kv_b_proj for every cached row plus
   // the causal attention's 320 x 2 a pair. Measured on v3-slice, 8 sequences
   // over 4096 cached tokens (H100, perf.md session 9): absorbed 1.9x faster
   // at 16 new tokens, 1.3x at 64, even at 128, slower at 256.
+  // A decode step (one new token) takes it whatever its context.
+  const bool decode = batch.is_decode();
   for (int b = 0; b < batch.num_seqs(); ++b) {
     const int q_len = batch.q_indptr[b + 1] - batch.q_indptr[b];
     const int kv_len = batch.kv_indptr[b + 1] - batch.kv_indptr[b];
-    if (kv_len <= q_len || q_len > kMaxAbsorbedExtendTokens) return false;
+    if (!decode && (kv_len <= q_len || q_len > kMaxAbsorbedExtendTokens)) return b;
   }
-  return true;
+  return batch.num_seqs();
+}
+
+bool absorbed_form_pays_off(const ForwardBatch& batch) {
+  return absorbed_leading_seqs(batch) == batch.num_seqs();
 }
 
 std::optional<MlaDecodeChain> decode_chain(const MlaContext& ctx, const MlaWeights& w, const Tensor& h, Tensor cache) {
@@ -39,11 +44,13 @@ std::optional<MlaDecodeChain> decode_chain(const MlaContext& ctx, const MlaWeigh
 }
 
 bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w, const Tensor& h,
-                   const DeviceBatch& batch, bool absorbed, Tensor cache, Tensor out, const MlaChainMoeTail* moe_tail) {
+                   const DeviceBatch& batch, const MlaBatchPlan& plan, Tensor cache, Tensor out,
+                   const MlaChainMoeTail* moe_tail) {
   const ModelConfig& c = *ctx.config;
   const int64_t T = h.dim(0), H = c.num_attention_heads, L = c.kv_lora_rank, R = c.qk_rope_head_dim;
   const int64_t Dn = c.qk_nope_head_dim, Dv = c.v_head_dim, Nq = H * (Dn + R);
   const DType act = backend.act_dtype();
+  const bool split = plan.split_token > 0, absorbed = plan.absorbed && !split;
   if (auto chain = absorbed ? decode_chain(ctx, w, h, cache) : std::nullopt) {
     chain->moe_tail = moe_tail;
     if (moe_tail && backend.mla_decode_chain(*chain, batch, out)) return true;
@@ -96,7 +103,44 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
   const bool q_alone = p.q.dim(-1) == Nq;
 
   Tensor attn = backend.alloc({T, H, Dv}, act);
-  if (absorbed) {
+  // The absorbed form over tokens [0, Ta) of q_nope{T, H, Dn or more}: its
+  // roped q_pe is already in q_cat's last R columns.
+  auto absorbed_core = [&](const Tensor& q_nope, Tensor q_cat, const DeviceBatch& part, Tensor out_rows) {
+    const int64_t Ta = q_cat.dim(0);
+    backend.head_bmm(q_nope, w.w_uk, /*transpose_w=*/false, q_cat);
+    Tensor o_latent = backend.alloc({Ta, H, L}, act);
+    backend.mla_attention_absorbed(q_cat, cache, part, ctx.softmax_scale, o_latent);
+    backend.head_bmm(o_latent, w.w_uv, /*transpose_w=*/true, out_rows);
+  };
+  // The expanded form of q{Te, H, Dn + R} (q_pe roped) over the part's kv
+  // tokens, cached prefix included.
+  auto expanded_core = [&](const Tensor& q, const DeviceBatch& part, Tensor out_rows) {
+    const int64_t Lk = part.kv_slots.numel();
+    Tensor rows = backend.alloc({Lk, L + R}, act);
+    backend.gather_rows(cache, part.kv_slots, rows);
+    Tensor kv_c = backend.alloc({Lk, L}, act);
+    backend.copy_columns(rows, 0, kv_c, 0, L);
+    Tensor k_pe = backend.alloc({Lk, R}, act);
+    backend.copy_columns(rows, L, k_pe, 0, R);
+    Tensor kv = backend.alloc({Lk, H * (Dn + Dv)}, act);
+    backend.linear(kv_c, w.kv_b_proj, kv);
+    backend.mla_attention_expanded(q, kv.view({Lk, H, Dn + Dv}), k_pe, part, ctx.softmax_scale, out_rows);
+  };
+  if (split) {
+    // q{T, H, Dn + R} roped in place for every token; the absorbed part's
+    // q_pe is copied next to its q_nope · W_UK.
+    Tensor q = q_alone ? p.q.view({T, H, Dn + R}) : backend.alloc({T, H, Dn + R}, act);
+    if (!q_alone) p.q_nope_out = q;
+    p.q_pe_out = q;
+    p.q_pe_col = Dn;
+    prepare(p);
+    const int64_t Ta = plan.split_token;
+    const Tensor q_a = q.slice_rows(0, Ta);
+    Tensor q_cat = backend.alloc({Ta, H, L + R}, act);
+    backend.copy_columns(q_a.view({Ta * H, Dn + R}), Dn, q_cat.view({Ta * H, L + R}), L, R);
+    absorbed_core(q_a, q_cat, plan.absorbed_part, attn.slice_rows(0, Ta));
+    expanded_core(q.slice_rows(Ta, T), plan.expanded_part, attn.slice_rows(Ta, T));
+  } else if (absorbed) {
     // q_cat{T, H, L + R} = [q_nope · W_UK | rope(q_pe)], the rows the attention
     // reads: the product lands in the first L columns, the roped q_pe after.
     Tensor q_cat = backend.alloc({T, H, L + R}, act);
@@ -105,10 +149,7 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
     p.q_pe_out = q_cat;
     p.q_pe_col = L;
     prepare(p);
-    backend.head_bmm(q_nope, w.w_uk, /*transpose_w=*/false, q_cat);
-    Tensor o_latent = backend.alloc({T, H, L}, act);
-    backend.mla_attention_absorbed(q_cat, cache, batch, ctx.softmax_scale, o_latent);
-    backend.head_bmm(o_latent, w.w_uv, /*transpose_w=*/true, attn);
+    absorbed_core(q_nope, q_cat, batch, attn);
   } else {
     // q{T, H, Dn + R} with q_pe roped.
     Tensor q = q_alone ? p.q.view({T, H, Dn + R}) : backend.alloc({T, H, Dn + R}, act);
@@ -116,17 +157,7 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
     p.q_pe_out = q;
     p.q_pe_col = Dn;
     prepare(p);
-    // Expand every kv token of the batch (cached prefix included).
-    const int64_t Lk = batch.kv_slots.numel();
-    Tensor rows = backend.alloc({Lk, L + R}, act);
-    backend.gather_rows(cache, batch.kv_slots, rows);
-    Tensor kv_c = backend.alloc({Lk, L}, act);
-    backend.copy_columns(rows, 0, kv_c, 0, L);
-    Tensor k_pe = backend.alloc({Lk, R}, act);
-    backend.copy_columns(rows, L, k_pe, 0, R);
-    Tensor kv = backend.alloc({Lk, H * (Dn + Dv)}, act);
-    backend.linear(kv_c, w.kv_b_proj, kv);
-    backend.mla_attention_expanded(q, kv.view({Lk, H, Dn + Dv}), k_pe, batch, ctx.softmax_scale, attn);
+    expanded_core(q, batch, attn);
   }
   backend.linear(attn.view({T, H * Dv}), w.o_proj, out);
   return false;

@@ -14,7 +14,8 @@
 
 namespace mlaserve {
 
-// Auto: absorbed_form_pays_off (decode, and short extensions of cached prefixes).
+// Auto: absorbed for decode and short extensions of cached prefixes
+// (absorbed_leading_seqs), expanded otherwise, a batch split between them.
 enum class MlaMode { Auto, Absorbed, Expanded };
 
 // New tokens a sequence may add to its cached prefix for Auto to keep the
@@ -23,12 +24,36 @@ enum class MlaMode { Auto, Absorbed, Expanded };
 // (query, row) pair.
 constexpr int kMaxAbsorbedExtendTokens = 64;
 
-// MlaMode::Auto's choice, SGLang's rule for DeepSeek MLA with a bound: the
-// absorbed form for decode steps and for batches in which every sequence
-// extends a cached prefix by at most kMaxAbsorbedExtendTokens (prefix-cache
-// hits, the last chunk of a chunked prefill); the expanded form for prompts
-// with no cached prefix and for long extensions.
+// MlaMode::Auto's rule per sequence, SGLang's for DeepSeek MLA with a bound:
+// the absorbed form for a sequence that extends a cached prefix by at most
+// kMaxAbsorbedExtendTokens (a decode step, a prefix-cache hit, the last chunk
+// of a chunked prefill); the expanded form for a prompt with no cached prefix
+// and for a long extension. Returns how many leading sequences take the
+// absorbed form (the scheduler puts decode rows first, prefill chunks after).
+int absorbed_leading_seqs(const ForwardBatch& batch);
+// Every sequence of the batch takes the absorbed form.
 bool absorbed_form_pays_off(const ForwardBatch& batch);
+
+// A batch is split between the forms only when the absorbed part's cached
+// rows would cost the expanded form more than the split's extra launches:
+// V3 expands a row with 33.5 MFLOP of kv_b_proj, so 1024 rows are ~50 us a
+// layer on an H100.
+constexpr int64_t kMinAbsorbedSplitRows = 1024;
+
+// How a block's attention runs over a batch: one form for all of it, or the
+// absorbed form for its first split_token tokens (whole sequences, with their
+// own device metadata, absorbed_part) and the expanded form for the rest
+// (expanded_part).
+struct MlaBatchPlan {
+  bool absorbed = false;
+  int64_t split_token = 0;  // > 0: split
+  DeviceBatch absorbed_part, expanded_part;
+  static MlaBatchPlan whole(bool absorbed_form) {
+    MlaBatchPlan p;
+    p.absorbed = absorbed_form;
+    return p;
+  }
+};
 
 struct MlaContext {
   const ModelConfig* config = nullptr;
@@ -47,7 +72,7 @@ std::optional<MlaDecodeChain> decode_chain(const MlaContext& ctx, const MlaWeigh
 // over each sequence's kv_slots. With moe_tail, returns whether the backend
 // also did the tail (Backend::mla_decode_chain); the caller does it if not.
 bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w, const Tensor& h,
-                   const DeviceBatch& batch, bool absorbed, Tensor cache, Tensor out,
+                   const DeviceBatch& batch, const MlaBatchPlan& plan, Tensor cache, Tensor out,
                    const MlaChainMoeTail* moe_tail = nullptr);
 
 }  // namespace mlaserve

@@ -153,14 +153,14 @@ TEST(MlaDecodeChain, MatchesTheOpByOpPathAndTheCpuReference) {
     Tensor cache_ops = gpu.load_tensor(cache.as(DType::BF16)), cache_chain = gpu.load_tensor(cache.as(DType::BF16));
     Tensor out_ops = gpu.alloc({1, D}, DType::BF16), out_chain = gpu.alloc({1, D}, DType::BF16);
     gpu.set_mla_chain(false);
-    mla_attention(gpu, ctx_gpu, w_gpu, h_gpu, db, true, cache_ops, out_ops);
+    mla_attention(gpu, ctx_gpu, w_gpu, h_gpu, db, MlaBatchPlan::whole(true), cache_ops, out_ops);
     gpu.set_mla_chain(true);
     const auto chain = decode_chain(ctx_gpu, w_gpu, h_gpu, cache_chain);
     ASSERT_TRUE(chain && gpu.mla_decode_chain(*chain, db, out_chain));
 
     const DeviceBatch db_cpu = cpu->prepare_batch(fb);
     Tensor cache_cpu = cpu->load_tensor(cache.as(DType::F32)), out_cpu = cpu->alloc({1, D}, DType::F32);
-    mla_attention(*cpu, ctx_cpu, w_cpu, cpu->load_tensor(h.as(DType::F32)), db_cpu, true, cache_cpu, out_cpu);
+    mla_attention(*cpu, ctx_cpu, w_cpu, cpu->load_tensor(h.as(DType::F32)), db_cpu, MlaBatchPlan::whole(true), cache_cpu, out_cpu);
 
     const auto chain_out = host_floats(gpu, out_chain), ops_out = host_floats(gpu, out_ops);
     const auto ref_out = host_floats(*cpu, out_cpu);
@@ -223,7 +223,7 @@ TEST(MlaDecodeChain, MoeTailMatchesTheNormAndTheRouter) {
     gpu.set_mla_chain(false);
     Tensor ops_out = gpu.alloc({1, D}, DType::BF16), ops_normed = gpu.alloc({1, D}, DType::BF16);
     Tensor ops_residual = gpu.load_tensor(residual.as(DType::BF16));
-    mla_attention(gpu, ctx, w_gpu, h_gpu, db, true, gpu.load_tensor(cache.as(DType::BF16)), ops_out);
+    mla_attention(gpu, ctx, w_gpu, h_gpu, db, MlaBatchPlan::whole(true), gpu.load_tensor(cache.as(DType::BF16)), ops_out);
     gpu.rms_norm(ops_out, gn, 1e-6f, ops_normed, ops_residual);
 
     // One kernel with the tail.
@@ -237,7 +237,7 @@ TEST(MlaDecodeChain, MoeTailMatchesTheNormAndTheRouter) {
     tail.topk_ids = gpu.alloc({1, k}, DType::I32);
     tail.topk_weights = gpu.alloc({1, k}, DType::F32);
     Tensor chain_out = gpu.alloc({1, D}, DType::BF16);
-    ASSERT_TRUE(mla_attention(gpu, ctx, w_gpu, h_gpu, db, true, gpu.load_tensor(cache.as(DType::BF16)), chain_out,
+    ASSERT_TRUE(mla_attention(gpu, ctx, w_gpu, h_gpu, db, MlaBatchPlan::whole(true), gpu.load_tensor(cache.as(DType::BF16)), chain_out,
                               &tail));
 
     const auto normed = host_floats(gpu, tail.normed);

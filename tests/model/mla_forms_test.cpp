@@ -92,6 +92,43 @@ TEST_P(MlaFormsTest, ShortExtensionOfCachedPrefixEqualsOneShot) {
   EXPECT_LE(worst, kFormTolerance);
 }
 
+TEST_P(MlaFormsTest, MixedBatchSplitsBetweenTheFormsAndEqualsSeparateRuns) {
+  // One step as the scheduler builds it: a decode row of sequence a (5
+  // cached tokens) first, then the whole 7-token prompt of sequence b. Auto
+  // runs a's row absorbed and b's prompt expanded in one forward.
+  TempCheckpoint ckpt(GetParam(), "bf16", 7);
+  auto be = make_cpu_backend();
+  DeepseekModel model(ckpt.get(), *be, {MlaMode::Auto, false, /*min_absorbed_split_rows=*/1});
+  const auto a = test_sequence(6, model.config().vocab_size);
+  auto b = test_sequence(7, model.config().vocab_size);
+  std::reverse(b.begin(), b.end());
+  Logits la = full_sequence_logits(model, a), lb = full_sequence_logits(model, b);
+
+  auto cache = allocate_kv_cache(*be, model.config(), 13);
+  std::span<const int32_t> all_a(a);
+  to_logits(*be, model.forward(contiguous_sequence_batch(all_a.first(5), 0, false), cache));
+  ForwardBatch step;
+  step.input_ids = {a[5]};
+  step.positions = {5};
+  step.out_slots = {5};
+  step.q_indptr = {0, 1, 8};
+  step.kv_indptr = {0, 6, 13};
+  step.kv_slots = {0, 1, 2, 3, 4, 5};
+  for (int i = 0; i < 7; ++i) {
+    step.input_ids.push_back(b[size_t(i)]);
+    step.positions.push_back(i);
+    step.out_slots.push_back(6 + i);
+    step.kv_slots.push_back(6 + i);
+  }
+  step.logit_rows = {0, 7};
+  ASSERT_EQ(absorbed_leading_seqs(step), 1);
+  Logits both = to_logits(*be, model.forward(step, cache));
+  const double worst = std::max(max_abs_diff(both.row(0), la.row(5)), max_abs_diff(both.row(1), lb.row(6)));
+  std::printf("[split] %s: absorbed decode row + expanded prompt vs separate runs max |diff| %.3g\n", GetParam(),
+              worst);
+  EXPECT_LE(worst, kFormTolerance);
+}
+
 TEST_P(MlaFormsTest, TwoSequencesInOneBatchEqualSeparateRuns) {
   TempCheckpoint ckpt(GetParam(), "bf16", 7);
   auto be = make_cpu_backend();
@@ -134,6 +171,23 @@ ForwardBatch lengths_batch(const std::vector<std::pair<int, int>>& q_kv) {
   return b;
 }
 
+TEST(ForwardBatch, SequencesRebaseTokensSlotsAndLogitRows) {
+  ForwardBatch b = lengths_batch({{1, 4}, {3, 5}, {2, 2}});
+  b.input_ids = {10, 11, 12, 13, 14, 15};
+  b.positions = {3, 2, 3, 4, 0, 1};
+  b.out_slots = {30, 42, 43, 44, 50, 51};
+  b.kv_slots = {0, 1, 2, 30, 40, 41, 42, 43, 44, 50, 51};
+  b.logit_rows = {0, 3, 5};
+  const ForwardBatch s = b.sequences(1, 3);
+  EXPECT_EQ(s.input_ids, (std::vector<int32_t>{11, 12, 13, 14, 15}));
+  EXPECT_EQ(s.positions, (std::vector<int32_t>{2, 3, 4, 0, 1}));
+  EXPECT_EQ(s.out_slots, (std::vector<int32_t>{42, 43, 44, 50, 51}));
+  EXPECT_EQ(s.q_indptr, (std::vector<int32_t>{0, 3, 5}));
+  EXPECT_EQ(s.kv_indptr, (std::vector<int32_t>{0, 5, 7}));
+  EXPECT_EQ(s.kv_slots, (std::vector<int32_t>{40, 41, 42, 43, 44, 50, 51}));
+  EXPECT_EQ(s.logit_rows, (std::vector<int32_t>{2, 4}));
+}
+
 TEST(MlaMode, AutoTakesAbsorbedForDecodeAndShortExtensionsOfCachedPrefixes) {
   EXPECT_TRUE(absorbed_form_pays_off(lengths_batch({{1, 1}, {1, 900}})));
   EXPECT_TRUE(absorbed_form_pays_off(lengths_batch({{20, 4116}, {1, 300}})));
@@ -142,6 +196,10 @@ TEST(MlaMode, AutoTakesAbsorbedForDecodeAndShortExtensionsOfCachedPrefixes) {
   EXPECT_FALSE(absorbed_form_pays_off(lengths_batch({{12, 12}})));
   EXPECT_FALSE(absorbed_form_pays_off(lengths_batch({{kMaxAbsorbedExtendTokens + 1, 8192}})));
   EXPECT_FALSE(absorbed_form_pays_off(lengths_batch({{1, 500}, {30, 30}})));
+  // The leading run that qualifies: decode rows, then the prefill chunks.
+  EXPECT_EQ(absorbed_leading_seqs(lengths_batch({{1, 500}, {1, 40}, {30, 30}, {1, 9}})), 2);
+  EXPECT_EQ(absorbed_leading_seqs(lengths_batch({{300, 300}, {1, 40}})), 0);
+  EXPECT_EQ(absorbed_leading_seqs(lengths_batch({{1, 1}, {1, 7}})), 2);
 }
 
 TEST(DeepseekModel, RejectsWrongCacheCount) {
