@@ -452,24 +452,30 @@ int run(const Args& a) {
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
 
-  std::printf("\n| shape | mode | tok/s | ms/step | GB/s | of copy | TFLOP/s | of GEMM |\n|---|---|---|---|---|---|---|---|\n");
-  // Prefill.
-  for (auto [B, len] : {std::pair{1, 4096}, std::pair{8, 512}}) {
-    if (!a.prefill) break;
-    auto cache = allocate_kv_cache(be, c, B * len);
-    const ForwardBatch pb = prefill_batch(B, len, len, rng, c.vocab_size);
-    model.forward(pb, cache);  // warm-up (plans, allocator)
+  // The best of `reps` eager forwards of b after a warm-up one (plans, allocator), in ms.
+  auto best_forward_ms = [&](const ForwardBatch& b, const std::vector<Tensor>& cache, int reps) {
+    model.forward(b, cache);
     be.synchronize();
     float best = 1e9f;
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < reps; ++i) {
       cudaEventRecord(e0, be.stream());
-      model.forward(pb, cache);
+      model.forward(b, cache);
       cudaEventRecord(e1, be.stream());
       cudaEventSynchronize(e1);
       float ms;
       cudaEventElapsedTime(&ms, e0, e1);
       best = std::min(best, ms);
     }
+    return best;
+  };
+
+  std::printf("\n| shape | mode | tok/s | ms/step | GB/s | of copy | TFLOP/s | of GEMM |\n|---|---|---|---|---|---|---|---|\n");
+  // Prefill.
+  for (auto [B, len] : {std::pair{1, 4096}, std::pair{8, 512}}) {
+    if (!a.prefill) break;
+    auto cache = allocate_kv_cache(be, c, B * len);
+    const ForwardBatch pb = prefill_batch(B, len, len, rng, c.vocab_size);
+    const float best = best_forward_ms(pb, cache, 3);
     const double tflops = prefill_flops(c, pc, B, len) / (best / 1e3) / 1e12;
     std::printf("| prefill %d x %d | eager | %.0f | %.2f | | | %.0f | %.0f%% |\n", B, len, B * len / (best / 1e3), best,
                 tflops, 100 * tflops / ceil.gemm_tflops);
@@ -495,18 +501,7 @@ int run(const Args& a) {
     mb.kv_indptr.push_back(k0 + P);
     mb.logit_rows.push_back(t0 + P - 1);
     const int absorbed_seqs = absorbed_leading_seqs(mb);
-    model.forward(mb, cache);  // warm-up
-    be.synchronize();
-    float best = 1e9f;
-    for (int i = 0; i < 5; ++i) {
-      cudaEventRecord(e0, be.stream());
-      model.forward(mb, cache);
-      cudaEventRecord(e1, be.stream());
-      cudaEventSynchronize(e1);
-      float ms;
-      cudaEventElapsedTime(&ms, e0, e1);
-      best = std::min(best, ms);
-    }
+    const float best = best_forward_ms(mb, cache, 5);
     std::printf("| mixed: %d decode rows at %d + a %d-token prompt | %s (%d absorbed sequences) | %.0f | %.3f | | | | |\n",
                 D, C, P,
                 a.mla_mode == MlaMode::Auto ? "auto" : a.mla_mode == MlaMode::Expanded ? "expanded" : "absorbed",
@@ -526,18 +521,7 @@ int run(const Args& a) {
                        : a.mla_mode == MlaMode::Absorbed ? "absorbed"
                        : absorbed_form_pays_off(eb)      ? "auto: absorbed"
                                                          : "auto: expanded";
-    model.forward(eb, cache);  // warm-up
-    be.synchronize();
-    float best = 1e9f;
-    for (int i = 0; i < 5; ++i) {
-      cudaEventRecord(e0, be.stream());
-      model.forward(eb, cache);
-      cudaEventRecord(e1, be.stream());
-      cudaEventSynchronize(e1);
-      float ms;
-      cudaEventElapsedTime(&ms, e0, e1);
-      best = std::min(best, ms);
-    }
+    const float best = best_forward_ms(eb, cache, 5);
     std::printf("| extend bs %d: %d new over %d cached | %s | %.0f | %.3f | | | | |\n", B, N, P, form,
                 B * N / (best / 1e3), best);
     std::fflush(stdout);

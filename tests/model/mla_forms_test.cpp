@@ -54,12 +54,12 @@ TEST_P(MlaFormsTest, IncrementalDecodeEqualsRecomputation) {
   EXPECT_LE(worst, kFormTolerance);
 }
 
-TEST_P(MlaFormsTest, ChunkedPrefillOverCachedPrefixEqualsOneShot) {
-  // Expanded form extending a cached prefix: the chunk's kv_b_proj expansion
-  // covers the prefix rows read back from the latent cache.
-  TempCheckpoint ckpt(GetParam(), "bf16", 7);
+// Prefills 5 of 12 tokens, then the other 7 over the cached 5 (in `mode`):
+// the worst difference of the second chunk's logits from one-shot prefill.
+double second_chunk_vs_one_shot(const char* preset, MlaMode mode) {
+  TempCheckpoint ckpt(preset, "bf16", 7);
   auto be = make_cpu_backend();
-  DeepseekModel model(ckpt.get(), *be, {MlaMode::Expanded, false});
+  DeepseekModel model(ckpt.get(), *be, {mode, false});
   const auto ids = test_sequence(12, model.config().vocab_size);
   Logits full = full_sequence_logits(model, ids);
   auto cache = allocate_kv_cache(*be, model.config(), int(ids.size()));
@@ -68,6 +68,13 @@ TEST_P(MlaFormsTest, ChunkedPrefillOverCachedPrefixEqualsOneShot) {
   Logits rest = to_logits(*be, model.forward(contiguous_sequence_batch(all.subspan(5), 5, true), cache));
   double worst = 0;
   for (int64_t r = 0; r < rest.rows; ++r) worst = std::max(worst, max_abs_diff(rest.row(r), full.row(5 + r)));
+  return worst;
+}
+
+TEST_P(MlaFormsTest, ChunkedPrefillOverCachedPrefixEqualsOneShot) {
+  // Expanded form extending a cached prefix: the chunk's kv_b_proj expansion
+  // covers the prefix rows read back from the latent cache.
+  const double worst = second_chunk_vs_one_shot(GetParam(), MlaMode::Expanded);
   std::printf("[chunked] %s: second chunk vs one-shot prefill max |diff| %.3g\n", GetParam(), worst);
   EXPECT_LE(worst, kFormTolerance);
 }
@@ -75,19 +82,9 @@ TEST_P(MlaFormsTest, ChunkedPrefillOverCachedPrefixEqualsOneShot) {
 TEST_P(MlaFormsTest, ShortExtensionOfCachedPrefixEqualsOneShot) {
   // Auto takes the absorbed form for 7 new tokens over a 5-token cached
   // prefix (causal within the new tokens, the kernels' extend rows).
-  TempCheckpoint ckpt(GetParam(), "bf16", 7);
-  auto be = make_cpu_backend();
-  DeepseekModel model(ckpt.get(), *be, {MlaMode::Auto, false});
-  const auto ids = test_sequence(12, model.config().vocab_size);
-  Logits full = full_sequence_logits(model, ids);
-  auto cache = allocate_kv_cache(*be, model.config(), int(ids.size()));
-  std::span<const int32_t> all(ids);
-  to_logits(*be, model.forward(contiguous_sequence_batch(all.first(5), 0, true), cache));
-  const ForwardBatch extend = contiguous_sequence_batch(all.subspan(5), 5, true);
-  ASSERT_TRUE(absorbed_form_pays_off(extend));
-  Logits rest = to_logits(*be, model.forward(extend, cache));
-  double worst = 0;
-  for (int64_t r = 0; r < rest.rows; ++r) worst = std::max(worst, max_abs_diff(rest.row(r), full.row(5 + r)));
+  std::vector<int32_t> seven(7);
+  ASSERT_TRUE(absorbed_form_pays_off(contiguous_sequence_batch(seven, 5, true)));
+  const double worst = second_chunk_vs_one_shot(GetParam(), MlaMode::Auto);
   std::printf("[absorbed extend] %s: second chunk vs one-shot prefill max |diff| %.3g\n", GetParam(), worst);
   EXPECT_LE(worst, kFormTolerance);
 }
