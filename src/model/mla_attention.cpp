@@ -103,7 +103,7 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
   const bool q_alone = p.q.dim(-1) == Nq;
 
   Tensor attn = backend.alloc({T, H, Dv}, act);
-  // The absorbed form over tokens [0, Ta) of q_nope{T, H, Dn or more}: its
+  // The absorbed form for the part's tokens, q_nope{Ta, H, Dn or wider}: its
   // roped q_pe is already in q_cat's last R columns.
   auto absorbed_core = [&](const Tensor& q_nope, Tensor q_cat, const DeviceBatch& part, Tensor out_rows) {
     const int64_t Ta = q_cat.dim(0);
@@ -126,21 +126,7 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
     backend.linear(kv_c, w.kv_b_proj, kv);
     backend.mla_attention_expanded(q, kv.view({Lk, H, Dn + Dv}), k_pe, part, ctx.softmax_scale, out_rows);
   };
-  if (split) {
-    // q{T, H, Dn + R} roped in place for every token; the absorbed part's
-    // q_pe is copied next to its q_nope · W_UK.
-    Tensor q = q_alone ? p.q.view({T, H, Dn + R}) : backend.alloc({T, H, Dn + R}, act);
-    if (!q_alone) p.q_nope_out = q;
-    p.q_pe_out = q;
-    p.q_pe_col = Dn;
-    prepare(p);
-    const int64_t Ta = plan.split_token;
-    const Tensor q_a = q.slice_rows(0, Ta);
-    Tensor q_cat = backend.alloc({Ta, H, L + R}, act);
-    backend.copy_columns(q_a.view({Ta * H, Dn + R}), Dn, q_cat.view({Ta * H, L + R}), L, R);
-    absorbed_core(q_a, q_cat, plan.absorbed_part, attn.slice_rows(0, Ta));
-    expanded_core(q.slice_rows(Ta, T), plan.expanded_part, attn.slice_rows(Ta, T));
-  } else if (absorbed) {
+  if (absorbed) {
     // q_cat{T, H, L + R} = [q_nope · W_UK | rope(q_pe)], the rows the attention
     // reads: the product lands in the first L columns, the roped q_pe after.
     Tensor q_cat = backend.alloc({T, H, L + R}, act);
@@ -157,7 +143,17 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
     p.q_pe_out = q;
     p.q_pe_col = Dn;
     prepare(p);
-    expanded_core(q, batch, attn);
+    if (split) {
+      // The absorbed part's roped q_pe is copied next to its q_nope · W_UK.
+      const int64_t Ta = plan.split_token;
+      const Tensor q_a = q.slice_rows(0, Ta);
+      Tensor q_cat = backend.alloc({Ta, H, L + R}, act);
+      backend.copy_columns(q_a.view({Ta * H, Dn + R}), Dn, q_cat.view({Ta * H, L + R}), L, R);
+      absorbed_core(q_a, q_cat, plan.absorbed_part, attn.slice_rows(0, Ta));
+      expanded_core(q.slice_rows(Ta, T), plan.expanded_part, attn.slice_rows(Ta, T));
+    } else {
+      expanded_core(q, batch, attn);
+    }
   }
   backend.linear(attn.view({T, H * Dv}), w.o_proj, out);
   return false;
