@@ -17,6 +17,8 @@
 namespace mlaserve::cuda {
 namespace {
 
+// The routing is read at L2 (ld.global.cg): the small-batch down kernel reads
+// it before its PDL wait, while the kernel before it may still run.
 struct MoeSlots {
   const int32_t* topk_ids;
   const float* topk_weights;
@@ -25,11 +27,11 @@ struct MoeSlots {
   __host__ __device__ __forceinline__ int per_token() const { return top_k + num_shared; }
   __device__ __forceinline__ int expert(int slot) const {
     const int t = slot / per_token(), j = slot % per_token();
-    return j < top_k ? topk_ids[t * top_k + j] : num_experts + j - top_k;
+    return j < top_k ? __ldcg(topk_ids + t * top_k + j) : num_experts + j - top_k;
   }
   __device__ __forceinline__ float weight(int slot) const {
     const int t = slot / per_token(), j = slot % per_token();
-    return j < top_k ? topk_weights[t * top_k + j] : 1.0f;
+    return j < top_k ? __ldcg(topk_weights + t * top_k + j) : 1.0f;
   }
 };
 

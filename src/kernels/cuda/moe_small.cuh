@@ -62,6 +62,9 @@ __device__ __forceinline__ void load_bf16_as_f32(const __nv_bfloat16* p, float (
 // down {X, D, I}.
 struct Bf16Stacks {
   static constexpr int kElems = 8;  // weights per 16-byte chunk
+  // One token: the down kernel requests its first weights before its PDL
+  // wait (v2-lite bs 1, H100: 2.48 against 2.51 ms a step).
+  static constexpr bool kEarlyDownWeights = true;
   const __nv_bfloat16 *gate_up, *down;
 
   __device__ const uint8_t* gate_up_row(int e, int col, bool up, int I, int D) const {
@@ -90,6 +93,10 @@ struct Bf16Stacks {
 // rows) with scales {X, 2I/128, D/128}; down {X, D, I} with {X, D/128, I/128}.
 struct Fp8Stacks {
   static constexpr int kElems = 16;
+  // Not here: the early round's registers take the FP8 down kernel from 128
+  // to 174 and an SM from two blocks to one (v3-slice bs 1, H100: 1.87
+  // against 1.84 ms a step).
+  static constexpr bool kEarlyDownWeights = false;
   const uint8_t *gate_up, *down;
   const float *gate_up_scale_, *down_scale_;
 
@@ -175,7 +182,10 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
   constexpr int kE = Stacks::kElems, kUnroll = 8 / kCols;
   __shared__ int s_slot[kMaxTok];
   __shared__ int s_n;
-  pdl_enter();  // the routing and x come from earlier kernels
+  // The routing and x come from the kernel before. The down kernel may
+  // launch only after this wait: it may read the routing before its own.
+  pdl_wait();
+  pdl_launch_dependents();
   if (blockIdx.x == 0 && blockIdx.y == 0)
     for (int i = threadIdx.x; i < a.down_tiles; i += blockDim.x) a.tile_arrivals[i] = 0;
   const int slot0 = blockIdx.y, per_token = a.slots.per_token(), total = a.num_tokens * per_token;
@@ -260,16 +270,39 @@ __global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(Sm
   __shared__ int s_slot[kMaxTok];
   __shared__ int s_n;
   __shared__ bool s_last;
-  pdl_enter();  // act comes from the gate_up kernel
+  // Early: the routing is complete (gate_up waited for it before letting
+  // this kernel launch), so the block's first round of weights is requested
+  // during gate_up's tail; act needs the wait.
+  constexpr bool kEarly = Stacks::kEarlyDownWeights && kMaxTok == 1;
   const int slot0 = blockIdx.y, per_token = a.slots.per_token(), T = a.num_tokens, total = T * per_token;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int D = a.hidden, I = a.inter, chunks = I / kE;
   const int d0 = blockIdx.x * kTileRows, r0 = d0 + warp * kRowsPerWarp;
+  if constexpr (!kEarly) pdl_enter();
   gather_expert_slots<kMaxTok>(a.slots, slot0, total, s_slot, &s_n);
   const int n = s_n;
+  const bool works = n > 0 && r0 < D;
+  const int expert = works ? a.slots.expert(slot0) : 0;
+  const uint8_t* row[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) row[r] = a.w.down_row(expert, min(r0 + r, D - 1), I, D);
+  uint4 wv[kRowsPerWarp][kUnroll];
+  // Round k0's 16-byte chunks of the warp's rows.
+  auto load_round = [&](int k0) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int kc = k0 + u * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r)
+        wv[r][u] = kc < chunks ? load_weights_16(row[r] + int64_t(kc) * 16) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  if constexpr (kEarly) {
+    if (works) load_round(0);
+    pdl_enter();
+  }
 
-  if (n > 0 && r0 < D) {
-    const int expert = a.slots.expert(slot0);
+  if (works) {
     int slot[kMaxTok];
     float weight[kMaxTok];
 #pragma unroll
@@ -277,19 +310,9 @@ __global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(Sm
       slot[t] = t < n ? s_slot[t] : slot0;
       weight[t] = a.slots.weight(slot[t]);
     }
-    const uint8_t* row[kRowsPerWarp];
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) row[r] = a.w.down_row(expert, min(r0 + r, D - 1), I, D);
     float acc[kRowsPerWarp][kMaxTok] = {};
     for (int k0 = 0; k0 < chunks; k0 += 32 * kUnroll) {
-      uint4 wv[kRowsPerWarp][kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int kc = k0 + u * 32 + lane;
-#pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r)
-          wv[r][u] = kc < chunks ? load_weights_16(row[r] + int64_t(kc) * 16) : make_uint4(0, 0, 0, 0);
-      }
+      if (!kEarly || k0 > 0) load_round(k0);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int kc = k0 + u * 32 + lane;
