@@ -388,9 +388,12 @@ DeviceBatch CudaBackend::prepare_batch(const ForwardBatch& b) {
   // The staging buffer is free once the previous batch's copy ran (not the
   // whole previous step: the host keeps running ahead of the GPU).
   MLA_CUDA_CHECK(cudaEventSynchronize(staging_free_), "prepare_batch");
-  if (total * 4 > pinned_bytes_) {
+  // The fixed buffers' layout is mirrored in the staging buffer, which then
+  // goes up in one copy (seven small copies cost ~1% of a bs-1 step).
+  const size_t staged = static_batch_ ? size_t(static_batch_->storage.numel()) : total;
+  if (staged * 4 > pinned_bytes_) {
     cudaFreeHost(pinned_);
-    pinned_bytes_ = std::max(total * 4, 2 * pinned_bytes_);
+    pinned_bytes_ = std::max(staged * 4, 2 * pinned_bytes_);
     MLA_CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_), "prepare_batch staging");
   }
   auto* staging = static_cast<int32_t*>(pinned_);
@@ -398,18 +401,19 @@ DeviceBatch CudaBackend::prepare_batch(const ForwardBatch& b) {
     const Tensor* fixed[] = {&static_batch_->input_ids, &static_batch_->positions, &static_batch_->out_slots,
                              &static_batch_->q_indptr,  &static_batch_->kv_indptr, &static_batch_->kv_slots,
                              &static_batch_->logit_rows};
-    size_t off = 0;
+    const auto* base = static_batch_->storage.data<int32_t>();
+    size_t end = 0;
     for (int i = 0; i < 7; ++i) {
       const size_t n = arrays[i]->size();
       MLA_CHECK(int64_t(n) <= fixed[i]->numel(), "prepare_batch: {} entries exceed the captured graph's {}", n,
                 fixed[i]->numel());
+      const size_t off = size_t(fixed[i]->data<int32_t>() - base);
       std::memcpy(staging + off, arrays[i]->data(), n * 4);
-      if (n)
-        MLA_CUDA_CHECK(cudaMemcpyAsync(fixed[i]->raw(), staging + off, n * 4, cudaMemcpyHostToDevice, stream_),
-                       "prepare_batch");
+      end = std::max(end, off + n);
       *fields[i] = fixed[i]->view({fixed[i]->numel()}).slice_rows(0, int64_t(n));
-      off += n;
     }
+    MLA_CUDA_CHECK(cudaMemcpyAsync(static_batch_->storage.raw(), staging, end * 4, cudaMemcpyHostToDevice, stream_),
+                   "prepare_batch");
     MLA_CUDA_CHECK(cudaEventRecord(staging_free_, stream_), "prepare_batch");
     return d;
   }

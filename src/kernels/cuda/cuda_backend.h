@@ -81,7 +81,10 @@ class CudaBackend final : public Backend {
 
   // While set, prepare_batch writes the batch into these fixed buffers
   // (a captured graph reads its inputs from fixed addresses).
+  // All seven are slices of `storage` (I32), kv_slots last, so a replay's
+  // inputs go up in one copy.
   struct StaticBatchBuffers {
+    Tensor storage;
     Tensor input_ids, positions, out_slots, q_indptr, kv_indptr, kv_slots, logit_rows;
     int max_kv_len = 0;  // longest context a replay may carry
     bool capturing = false;  // inputs are uploaded before each replay, not inside the graph

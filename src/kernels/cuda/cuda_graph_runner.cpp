@@ -99,14 +99,19 @@ class CudaDecodeGraphRunner final : public DecodeGraphRunner {
     g.batch_size = bs;
     g.buffers.max_kv_len = options_.max_kv_len;
     const int64_t n = bs;
-    auto buffer = [&](int64_t count) { return backend_.alloc({count}, DType::I32); };
+    g.buffers.storage = backend_.alloc({6 * n + 2 + n * options_.max_kv_len}, DType::I32);
+    int64_t used = 0;
+    auto buffer = [&](int64_t count) {
+      used += count;
+      return g.buffers.storage.slice_rows(used - count, used);
+    };
     g.buffers.input_ids = buffer(n);
     g.buffers.positions = buffer(n);
     g.buffers.out_slots = buffer(n);
     g.buffers.q_indptr = buffer(n + 1);
     g.buffers.kv_indptr = buffer(n + 1);
-    g.buffers.kv_slots = buffer(n * options_.max_kv_len);
     g.buffers.logit_rows = buffer(n);
+    g.buffers.kv_slots = buffer(n * options_.max_kv_len);
     g.pool = std::make_shared<DeviceAllocator::Pool>();
 
     ForwardBatch dummy;
