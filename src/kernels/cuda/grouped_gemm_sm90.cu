@@ -285,16 +285,19 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
   const int n_tiles = n_tiles_of<T, kEpi>(args.n_out);
   const int k_blocks = args.k / T::kBlockK, units = m_tiles * n_tiles * args.k_splits;
   const int first_unit = kPair ? blockIdx.x / 2 : blockIdx.x, unit_stride = kPair ? gridDim.x / 2 : gridDim.x;
-  // Pairs walk row-major (a band of one pair row): each wave of units then
-  // streams whole experts' weights, every tile of them once. Measured on the
-  // fp8 MoE at 4096 tokens (H200): bands of 1 / 4 / 8 / 16 / 32 pair rows
-  // 503 / 499 / 497 / 487 / 470 TFLOP/s.
+  // MoE pairs walk row-major (a band of one pair row): each wave of units
+  // then streams whole experts' weights, every tile of them once. Measured on
+  // the fp8 MoE at 4096 tokens (H200): bands of 1 / 4 / 8 / 16 / 32 pair rows
+  // 503 / 499 / 497 / 487 / 470 TFLOP/s. Dense pairs walk bands of kBand row
+  // tiles as single CTAs do: row-major, a wave streams the whole weight
+  // matrix (117 MB at o_proj) once for every pair row.
   // Group of row tile mb (a phantom tile takes its partner's).
   auto group_of = [&](int mb) { return args.block_expert ? args.block_expert[min(mb, m_blocks - 1)] : 0; };
   // Runs of an expert's blocks walk row-major too: the CTAs running at once
   // then read each weight tile once and share a few A runs in L2.
   auto unit_at = [&](int unit) {
-    WorkUnit u = work_unit(unit, m_tiles, n_tiles, k_blocks, args.k_splits, kPair || args.row_units ? 1 : kBand);
+    const int band = args.row_units || (kPair && args.block_expert) ? 1 : kPair ? kBand / 2 : kBand;
+    WorkUnit u = work_unit(unit, m_tiles, n_tiles, k_blocks, args.k_splits, band);
     if constexpr (kPair) u.mb = 2 * u.mb + int(rank);
     u.consumers = T::kConsumers;
     if (args.row_units) {
