@@ -9,6 +9,10 @@
 //   it lets the next kernel launch early, then waits until every earlier
 //   kernel has completed and its writes are visible. Since each such kernel
 //   waits for the complete previous one, ordering stays transitive.
+// - A kernel may read, before its wait, what the kernel two back wrote if
+//   the kernel before it waits first and only then lets it launch
+//   (pdl_wait, then pdl_launch_dependents; read such data at L2, ld.cg):
+//   moe_small.cuh's down kernel reads the routing that way.
 // - Kernels without pdl_enter() are launched the ordinary way.
 #include <cuda_runtime.h>
 
