@@ -97,6 +97,12 @@ __device__ __forceinline__ unsigned long long load_acquire(const unsigned long l
   return v;
 }
 
+__device__ __forceinline__ unsigned atomic_add_acq_rel(unsigned* p, unsigned v) {
+  unsigned old;
+  asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
 // Grid barriers on one 64-bit arrival counter that only grows: a launch's
 // blocks each add 1 at each of its kBarriers barriers, so a launch starts at
 // a multiple of kBarriers x grid (read after the PDL wait, when the previous
@@ -525,12 +531,13 @@ __device__ void route_phase(const MlaDecodeChainParams& p, const Scratch& s, int
   dot = block_sum(dot);
   if (threadIdx.x == 0) {
     s.logits[e] = dot;
-    __threadfence();  // visible to the last block before this one arrives
-    m.last = atomicAdd(reinterpret_cast<unsigned*>(p.barrier + 1), 1u) == unsigned(p.route.num_experts) - 1;
+    // Releases this logit and acquires the earlier ones (for the last block,
+    // whose other threads the __syncthreads below orders after it): no
+    // separate fences, which cost ~0.8 us here.
+    m.last = atomic_add_acq_rel(reinterpret_cast<unsigned*>(p.barrier + 1), 1u) == unsigned(p.route.num_experts) - 1;
   }
   __syncthreads();
   if (!m.last) return;
-  __threadfence();
   sum.store(p.residual + i0);
   normed.store(p.normed + i0);
   if (threadIdx.x < 32) {
