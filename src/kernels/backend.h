@@ -132,6 +132,16 @@ struct MlaChainMoeTail {
   Tensor topk_ids, topk_weights;  // {T, top_k}
 };
 
+// What may precede the chain in the same op: the block's input norm with
+// the residual add (rms_norm's semantics: residual += x in place, h =
+// rmsnorm(residual) * norm_weight). The chain then forms h itself and
+// neither reads nor writes the h tensor.
+struct MlaChainNormHead {
+  Tensor x, residual;  // {T, D}: the previous block's output, the residual stream
+  Tensor norm_weight;  // {D}
+  float eps = 1e-6f;
+};
+
 // The absorbed MLA of a decode step from the block's normed input to
 // o_proj's output (Backend::mla_decode_chain): the same function as
 // model/mla_attention.cpp's op sequence (fused q / kv_a projection, latent
@@ -145,7 +155,8 @@ struct MlaDecodeChain {
   Tensor cache;                    // {S, L + R}
   Tensor inv_freq;                 // {R / 2}
   float cos_sin_scale = 1.0f, eps = 1e-6f, softmax_scale = 1.0f;
-  const MlaChainMoeTail* moe_tail = nullptr;  // also do the MoE layer's start
+  const MlaChainMoeTail* moe_tail = nullptr;    // also do the MoE layer's start
+  const MlaChainNormHead* norm_head = nullptr;  // also do the block's input norm
 };
 
 class Backend {
@@ -241,7 +252,7 @@ class Backend {
   // The whole chain of MlaDecodeChain as one op where the backend has it for
   // this batch and these widths (CUDA: one token, V2-Lite widths, bf16):
   // returns true having written out{T, D} and the cache row (and, with a
-  // moe_tail, its outputs). Returns false having done nothing, and the model
+  // moe_tail or a norm_head, their outputs). Returns false having done nothing, and the model
   // asks again without the tail or runs the ops one by one.
   virtual bool mla_decode_chain(const MlaDecodeChain& /*chain*/, const DeviceBatch& /*batch*/, Tensor /*out*/) {
     return false;

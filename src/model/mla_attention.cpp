@@ -45,18 +45,20 @@ std::optional<MlaDecodeChain> decode_chain(const MlaContext& ctx, const MlaWeigh
 
 bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w, const Tensor& h,
                    const DeviceBatch& batch, const MlaBatchPlan& plan, Tensor cache, Tensor out,
-                   const MlaChainMoeTail* moe_tail) {
+                   const MlaChainMoeTail* moe_tail, const MlaChainNormHead* norm_head) {
   const ModelConfig& c = *ctx.config;
   const int64_t T = h.dim(0), H = c.num_attention_heads, L = c.kv_lora_rank, R = c.qk_rope_head_dim;
   const int64_t Dn = c.qk_nope_head_dim, Dv = c.v_head_dim, Nq = H * (Dn + R);
   const DType act = backend.act_dtype();
   const bool split = plan.split_token > 0, absorbed = plan.absorbed && !split;
   if (auto chain = absorbed ? decode_chain(ctx, w, h, cache) : std::nullopt) {
+    chain->norm_head = norm_head;
     chain->moe_tail = moe_tail;
     if (moe_tail && backend.mla_decode_chain(*chain, batch, out)) return true;
     chain->moe_tail = nullptr;
     if (backend.mla_decode_chain(*chain, batch, out)) return false;
   }
+  if (norm_head) backend.rms_norm(norm_head->x, norm_head->norm_weight, norm_head->eps, h, norm_head->residual);
   auto prepare = [&](const MlaPrepare& p) {
     backend.mla_prepare(p, batch.positions, batch.out_slots, ctx.inv_freq, ctx.cos_sin_scale);
   };

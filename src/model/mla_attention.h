@@ -71,8 +71,10 @@ std::optional<MlaDecodeChain> decode_chain(const MlaContext& ctx, const MlaWeigh
 // [c_kv | k_pe] to cache{S, L + R} at batch.out_slots first, then attends
 // over each sequence's kv_slots. With moe_tail, returns whether the backend
 // also did the tail (Backend::mla_decode_chain); the caller does it if not.
+// With norm_head, h is first formed from it (the input norm, done here when
+// the backend's chain does not take it).
 bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w, const Tensor& h,
                    const DeviceBatch& batch, const MlaBatchPlan& plan, Tensor cache, Tensor out,
-                   const MlaChainMoeTail* moe_tail = nullptr);
+                   const MlaChainMoeTail* moe_tail = nullptr, const MlaChainNormHead* norm_head = nullptr);
 
 }  // namespace mlaserve

@@ -183,6 +183,58 @@ TEST(MlaDecodeChain, MatchesTheOpByOpPathAndTheCpuReference) {
   }
 }
 
+// With the block's input norm folded in (MlaChainNormHead): the kernel forms
+// h from the residual stream and the previous block's output itself. Against
+// rms_norm (with the residual) and the op-by-op attention: the same output
+// up to summation order, and the same residual stream bit for bit (both
+// round residual + x to bf16 once).
+TEST(MlaDecodeChain, NormHeadMatchesRmsNormThenTheOps) {
+  MLA_SKIP_WITHOUT_GPU();
+  const ModelConfig c = v2_lite();
+  auto gpu_backend = make_cuda_backend(0);
+  ASSERT_TRUE(gpu_backend);
+  auto& gpu = dynamic_cast<CudaBackend&>(*gpu_backend);
+  if (!chain_runs(c, gpu)) GTEST_SKIP() << "the chain kernel needs a Hopper GPU";
+  std::mt19937 rng(31);
+  const RandomMla weights(c, rng);
+  const MlaWeights w_gpu = weights.on(gpu);
+  const MlaContext ctx = context_on(gpu, c);
+  const int64_t D = c.hidden_size, row = c.kv_lora_rank + c.qk_rope_head_dim;
+  const HostValues norm_w = random_values({D}, rng, 0.5f, 1.5f);
+  const Tensor gn = gpu.load_tensor(norm_w.as(DType::BF16));
+  constexpr float kEps = 1e-6f;
+
+  for (int kv_len : {1, 640}) {
+    SCOPED_TRACE(kv_len);
+    const ForwardBatch fb = decode_batch(kv_len, kv_len + 3, rng);
+    const DeviceBatch db = gpu.prepare_batch(fb);
+    const HostValues x = random_values({1, D}, rng, -2.0f, 2.0f);
+    const HostValues residual = random_values({1, D}, rng, -3.0f, 3.0f);
+    const HostValues cache = random_values({kv_len + 3, row}, rng, -2.0f, 2.0f);
+    const Tensor x_gpu = gpu.load_tensor(x.as(DType::BF16));
+
+    gpu.set_mla_chain(false);
+    Tensor ops_h = gpu.alloc({1, D}, DType::BF16), ops_out = gpu.alloc({1, D}, DType::BF16);
+    Tensor ops_residual = gpu.load_tensor(residual.as(DType::BF16));
+    gpu.rms_norm(x_gpu, gn, kEps, ops_h, ops_residual);
+    mla_attention(gpu, ctx, w_gpu, ops_h, db, MlaBatchPlan::whole(true), gpu.load_tensor(cache.as(DType::BF16)), ops_out);
+
+    gpu.set_mla_chain(true);
+    const MlaChainNormHead head{x_gpu, gpu.load_tensor(residual.as(DType::BF16)), gn, kEps};
+    Tensor chain_h = gpu.alloc({1, D}, DType::BF16), chain_out = gpu.alloc({1, D}, DType::BF16);
+    auto chain = decode_chain(ctx, w_gpu, chain_h, gpu.load_tensor(cache.as(DType::BF16)));
+    ASSERT_TRUE(chain);
+    chain->norm_head = &head;
+    ASSERT_TRUE(gpu.mla_decode_chain(*chain, db, chain_out));
+
+    const double out_err = rel_l2_of(host_floats(gpu, chain_out), host_floats(gpu, ops_out));
+    const auto got_residual = host_floats(gpu, head.residual), want_residual = host_floats(gpu, ops_residual);
+    std::printf("[mla-chain] norm head, kv_len %d: out rel_l2 vs rms_norm + ops %.2e\n", kv_len, out_err);
+    EXPECT_LT(out_err, kChainVsOps);
+    EXPECT_EQ(got_residual, want_residual);
+  }
+}
+
 // With the MoE layer's start folded in (MlaChainMoeTail): the residual and
 // the normed row against the op-by-op path (attention, rms_norm), and the
 // routing against the CPU backend's moe_select on the kernel's own normed

@@ -767,6 +767,16 @@ bool CudaBackend::mla_decode_chain(const MlaDecodeChain& c, const DeviceBatch& b
   p.eps = c.eps;
   p.softmax_scale = c.softmax_scale;
   p.out = bf(out, "mla_decode_chain", "out");
+  if (c.norm_head) {
+    const MlaChainNormHead& n = *c.norm_head;
+    MLA_CHECK(n.x.shape() == c.h.shape() && n.residual.shape() == c.h.shape() && n.norm_weight.numel() == D,
+              "mla_decode_chain: norm head x {}, residual {}, norm {} for h {}", shape_str(n.x.shape()),
+              shape_str(n.residual.shape()), shape_str(n.norm_weight.shape()), shape_str(c.h.shape()));
+    p.x = bf(n.x, "mla_decode_chain", "x");
+    p.in_norm = as_bf16(n.norm_weight, "mla_decode_chain");
+    p.in_eps = n.eps;
+    p.in_residual = bf(n.residual, "mla_decode_chain", "residual");
+  }
   if (c.moe_tail) {
     const MlaChainMoeTail& t = *c.moe_tail;
     const Weight& router = *t.router;

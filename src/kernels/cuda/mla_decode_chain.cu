@@ -176,6 +176,7 @@ struct Misc {
   float uk_sum[kThreads];
   float cs[kR];                  // {cos, sin} * cos_sin_scale of the token's angles
   __nv_bfloat16 kv_norm[kL];
+  __nv_bfloat16 in_norm[kD];  // the input norm's weight, then h (norm head)
   bool group_kept[32];  // route_token's (its sel_s is o)
   bool last;
 };
@@ -193,6 +194,62 @@ __device__ void load_constants(const MlaDecodeChainParams& p, Misc& m, bool late
   if (latent_block)
     for (int i = threadIdx.x; i < kL / 8; i += blockDim.x)
       reinterpret_cast<uint4*>(m.kv_norm)[i] = reinterpret_cast<const uint4*>(p.kv_norm)[i];
+  if (p.x)
+    for (int i = threadIdx.x; i < kD / 8; i += blockDim.x)
+      reinterpret_cast<uint4*>(m.in_norm)[i] = reinterpret_cast<const uint4*>(p.in_norm)[i];
+}
+
+// The lane's kChunks 16-byte chunks of h (c * 256 + lane * 8): loaded, or
+// with a norm head formed as rms_norm does (r = bf16(residual + x), h =
+// bf16(r * rsqrt(mean(r^2) + eps) * w)), 8 values a thread, into
+// m.in_norm in place (thread i loaded chunk i of the weight), then read back
+// by every warp. (Every warp norming the whole row itself made the step
+// slower than the separate norm kernel.)
+__device__ __forceinline__ void load_h(const MlaDecodeChainParams& p, Misc& m, uint4 (&h)[kChunks]) {
+  static_assert(kD == 8 * kThreads, "8 hidden values a thread");
+  const int lane = threadIdx.x % 32;
+  if (!p.x) {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) h[c] = load_cg(p.h + c * 256 + lane * 8);
+    return;
+  }
+  const int i0 = threadIdx.x * 8;
+  Bf16x8 a, b;
+  *reinterpret_cast<uint4*>(&a) = load_cg(p.x + i0);
+  *reinterpret_cast<uint4*>(&b) = load_cg(p.in_residual + i0);
+  float v[8], r[8], g[8];
+  a.to_float(v);
+  b.to_float(r);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] += r[j];
+  Bf16x8::from_float(v).to_float(v);  // the residual stream's bf16 values
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) ss += v[j] * v[j];
+  const float inv_rms = rsqrtf(block_sum(ss) / float(kD) + p.in_eps);
+  Bf16x8::load(m.in_norm + i0).to_float(g);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = v[j] * inv_rms * g[j];
+  Bf16x8::from_float(v).store(m.in_norm + i0);
+  __syncthreads();
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) h[c] = *reinterpret_cast<const uint4*>(m.in_norm + c * 256 + lane * 8);
+}
+
+// After the first barrier (no block reads in_residual any more): one block
+// writes in_residual += x.
+__device__ void write_input_residual(const MlaDecodeChainParams& p) {
+  static_assert(kD == 8 * kThreads, "8 hidden values a thread");
+  const int i0 = threadIdx.x * 8;
+  float v[8], r[8];
+  Bf16x8 a, b;
+  *reinterpret_cast<uint4*>(&a) = load_cg(p.x + i0);
+  *reinterpret_cast<uint4*>(&b) = load_cg(p.in_residual + i0);
+  a.to_float(v);
+  b.to_float(r);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] += r[j];
+  Bf16x8::from_float(v).store(p.in_residual + i0);
 }
 
 __device__ __forceinline__ void rotate_pair(const __nv_bfloat16* src, const float* cs, int i, __nv_bfloat16* dst) {
@@ -618,8 +675,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   // 1. qkv rows.
   {
     uint4 x[kChunks];
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) x[c] = load_cg(p.h + c * 256 + (tid % 32) * 8);
+    load_h(p, misc, x);
     sm90::mbar_wait(&bars[0], 0);
     rows_times_vector<kD>(qkv_w, qkv_n, x, s.qkv + qkv0);
   }
@@ -633,10 +689,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   if (sp.rows > 0) preload_split(p, sp, smem);
   grid_barrier(p.barrier, base + grid);
 
-  // 2. q_nope · W_UK and the q_pe rope; the latent write.
+  // 2. q_nope · W_UK and the q_pe rope; the latent write; the input residual
+  // (a block past the W_UK units where the grid has one).
   if (uk_n) sm90::mbar_wait(&bars[1], 0);
   for (int i = 0, u = b; u < kUkUnits; ++i, u += grid) uk_unit(s, u, uk_w + i * kDn * kUkCols, misc);
   if (b == grid - 1) latent_write(p, s, misc);
+  if (p.x && b == max(0, grid - 2)) write_input_residual(p);
   grid_barrier(p.barrier, base + 2 * grid);
 
   // 3. Attention over this block's split.

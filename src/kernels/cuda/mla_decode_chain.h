@@ -9,7 +9,9 @@
 // slice of every phase's weights into shared memory with bulk copies before
 // waiting for the previous kernel (208 KB a block, the whole 27 MB on 132
 // SMs), and the phases meet at grid barriers instead of kernel boundaries:
-//   1. qkv[r] = h · w_qkv[r] for the block's rows r;
+//   1. qkv[r] = h · w_qkv[r] for the block's rows r (with a norm head, every
+//      warp first forms h from the residual stream and the previous block's
+//      output, so the chain waits on the MoE directly, not on a norm kernel);
 //   2. q_cat[h, l] = q_nope[h] · W_UK[h][:, l] for the block's (head,
 //      64-column) unit; the last block writes the latent row (kv_a norm, k_pe
 //      rope) to the cache and ropes every head's q_pe into q_cat;
@@ -48,7 +50,7 @@ struct MlaDecodeChainShape {
 bool mla_decode_chain_applies(const MlaDecodeChainShape& s, int sm_count);
 
 struct MlaDecodeChainParams {
-  const __nv_bfloat16* h = nullptr;        // {D}, the normed block input
+  const __nv_bfloat16* h = nullptr;        // {D}, the normed block input (unless x is set)
   const __nv_bfloat16* w_qkv = nullptr;    // {H (Dn + R) + L + R, D}: q_proj rows, then kv_a_proj_with_mqa's
   const __nv_bfloat16* kv_norm = nullptr;  // {L}
   const __nv_bfloat16* w_uk = nullptr;     // {H, Dn, L}
@@ -62,6 +64,14 @@ struct MlaDecodeChainParams {
   const float* inv_freq = nullptr;         // {R / 2}
   float cos_sin_scale = 1.0f, eps = 1e-6f, softmax_scale = 1.0f;
   __nv_bfloat16* out = nullptr;            // {D}
+  // The block's input norm (Backend's MlaChainNormHead), when x is set: each
+  // block forms h = rmsnorm(in_residual + x) * in_norm itself in phase 1;
+  // one block writes in_residual += x after the first barrier (when no block
+  // reads it any more).
+  const __nv_bfloat16* x = nullptr;        // {D}
+  const __nv_bfloat16* in_norm = nullptr;  // {D}
+  float in_eps = 1e-6f;
+  __nv_bfloat16* in_residual = nullptr;    // {D}
   // The MoE layer's start (Backend's MlaChainMoeTail), when router is set:
   const __nv_bfloat16* router = nullptr;    // {E, D}
   const __nv_bfloat16* moe_norm = nullptr;  // {D}
