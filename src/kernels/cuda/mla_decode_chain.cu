@@ -176,7 +176,11 @@ struct Misc {
   float uk_sum[kThreads];
   float cs[kR];                  // {cos, sin} * cos_sin_scale of the token's angles
   __nv_bfloat16 kv_norm[kL];
-  __nv_bfloat16 in_norm[kD];  // the input norm's weight, then h (norm head)
+  // A row every warp reads whole, staged once a block: the input norm's
+  // weight, then h (phase 1); attn (phase 5). Each of the grid's ~1,000
+  // warps reading such a row from L2 queued their requests on the same 32
+  // lines (~2 us a phase on the H100).
+  __nv_bfloat16 row[kD];
   bool group_kept[32];  // route_token's (its sel_s is o)
   bool last;
 };
@@ -196,44 +200,43 @@ __device__ void load_constants(const MlaDecodeChainParams& p, Misc& m, bool late
       reinterpret_cast<uint4*>(m.kv_norm)[i] = reinterpret_cast<const uint4*>(p.kv_norm)[i];
   if (p.x)
     for (int i = threadIdx.x; i < kD / 8; i += blockDim.x)
-      reinterpret_cast<uint4*>(m.in_norm)[i] = reinterpret_cast<const uint4*>(p.in_norm)[i];
+      reinterpret_cast<uint4*>(m.row)[i] = reinterpret_cast<const uint4*>(p.in_norm)[i];
 }
 
-// The lane's kChunks 16-byte chunks of h (c * 256 + lane * 8): loaded, or
-// with a norm head formed as rms_norm does (r = bf16(residual + x), h =
-// bf16(r * rsqrt(mean(r^2) + eps) * w)), 8 values a thread, into
-// m.in_norm in place (thread i loaded chunk i of the weight), then read back
-// by every warp. (Every warp norming the whole row itself made the step
-// slower than the separate norm kernel.)
+// The lane's kChunks 16-byte chunks of h (c * 256 + lane * 8), through
+// m.row: loaded, or with a norm head formed as rms_norm does (r = bf16(
+// residual + x), h = bf16(r * rsqrt(mean(r^2) + eps) * w)), 8 values a
+// thread in place of the weight's chunk that thread loaded. (Every warp
+// norming the whole row itself made the step slower than the separate norm
+// kernel.)
 __device__ __forceinline__ void load_h(const MlaDecodeChainParams& p, Misc& m, uint4 (&h)[kChunks]) {
   static_assert(kD == 8 * kThreads, "8 hidden values a thread");
-  const int lane = threadIdx.x % 32;
-  if (!p.x) {
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) h[c] = load_cg(p.h + c * 256 + lane * 8);
-    return;
-  }
   const int i0 = threadIdx.x * 8;
-  Bf16x8 a, b;
-  *reinterpret_cast<uint4*>(&a) = load_cg(p.x + i0);
-  *reinterpret_cast<uint4*>(&b) = load_cg(p.in_residual + i0);
-  float v[8], r[8], g[8];
-  a.to_float(v);
-  b.to_float(r);
+  if (!p.x) {
+    *reinterpret_cast<uint4*>(m.row + i0) = load_cg(p.h + i0);
+  } else {
+    Bf16x8 a, b;
+    *reinterpret_cast<uint4*>(&a) = load_cg(p.x + i0);
+    *reinterpret_cast<uint4*>(&b) = load_cg(p.in_residual + i0);
+    float v[8], r[8], g[8];
+    a.to_float(v);
+    b.to_float(r);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] += r[j];
-  Bf16x8::from_float(v).to_float(v);  // the residual stream's bf16 values
-  float ss = 0.0f;
+    for (int j = 0; j < 8; ++j) v[j] += r[j];
+    Bf16x8::from_float(v).to_float(v);  // the residual stream's bf16 values
+    float ss = 0.0f;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) ss += v[j] * v[j];
-  const float inv_rms = rsqrtf(block_sum(ss) / float(kD) + p.in_eps);
-  Bf16x8::load(m.in_norm + i0).to_float(g);
+    for (int j = 0; j < 8; ++j) ss += v[j] * v[j];
+    const float inv_rms = rsqrtf(block_sum(ss) / float(kD) + p.in_eps);
+    Bf16x8::load(m.row + i0).to_float(g);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = v[j] * inv_rms * g[j];
-  Bf16x8::from_float(v).store(m.in_norm + i0);
+    for (int j = 0; j < 8; ++j) v[j] = v[j] * inv_rms * g[j];
+    Bf16x8::from_float(v).store(m.row + i0);
+  }
   __syncthreads();
+  const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) h[c] = *reinterpret_cast<const uint4*>(m.in_norm + c * 256 + lane * 8);
+  for (int c = 0; c < kChunks; ++c) h[c] = *reinterpret_cast<const uint4*>(m.row + c * 256 + lane * 8);
 }
 
 // After the first barrier (no block reads in_residual any more): one block
@@ -736,9 +739,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
 
   // 5. o_proj rows.
   {
+    static_assert(kAttnWidth == kD, "attn is staged in misc.row");
+    reinterpret_cast<uint4*>(misc.row)[tid] = load_cg(s.attn + tid * 8);
+    __syncthreads();
     uint4 a[kAttnChunks];
 #pragma unroll
-    for (int c = 0; c < kAttnChunks; ++c) a[c] = load_cg(s.attn + c * 256 + (tid % 32) * 8);
+    for (int c = 0; c < kAttnChunks; ++c) a[c] = *reinterpret_cast<const uint4*>(misc.row + c * 256 + (tid % 32) * 8);
     sm90::mbar_wait(&bars[3], 0);
     rows_times_vector<kAttnWidth>(o_w, o_n, a, p.out + o0);
   }
