@@ -55,12 +55,11 @@ void DeepseekModel::run_block(const DecoderLayerWeights& w, const DeviceBatch& b
   Tensor normed = backend_.alloc(x.shape(), act);
   // The input norm with the residual add, done by the attention op (inside
   // the one-token chain kernel on CUDA, which then waits on the MoE alone).
-  MlaChainNormHead head{x, residual, w.input_layernorm, eps};
-  const MlaChainNormHead* input_norm = &head;
+  const MlaChainNormHead head{x, residual, w.input_layernorm, eps};
+  const MlaChainNormHead* input_norm = first ? nullptr : &head;
   if (first) {
     residual = x;  // the block input starts the residual stream
     backend_.rms_norm(x, w.input_layernorm, eps, normed);
-    input_norm = nullptr;
   }
   Tensor attn_out = backend_.alloc(x.shape(), act);
   Tensor mlp_out = backend_.alloc(x.shape(), act);
