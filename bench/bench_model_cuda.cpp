@@ -317,9 +317,12 @@ class OpTimingBackend final : public Backend {
     return in_.load_experts(std::move(g), std::move(u), std::move(d), std::move(s));
   }
   Tensor to_host(const Tensor& t) override { return in_.to_host(t); }
+  std::function<Tensor()> to_host_later(const Tensor& t) override { return in_.to_host_later(t); }
   DeviceBatch prepare_batch(const ForwardBatch& b) override { return timed("prepare_batch", [&] { return in_.prepare_batch(b); }); }
   void synchronize() override { in_.synchronize(); }
-  void embedding(const Tensor& i, const Tensor& t, Tensor o) override { timed("embedding", [&] { in_.embedding(i, t, o); }); }
+  void embedding(const Tensor& i, const Tensor& t, Tensor o, const Tensor& p) override {
+    timed("embedding", [&] { in_.embedding(i, t, o, p); });
+  }
   void rms_norm(const Tensor& x, const Tensor& w, float e, Tensor o, Tensor r) override {
     timed("rms_norm", [&] { in_.rms_norm(x, w, e, o, r); });
   }

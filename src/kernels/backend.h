@@ -11,6 +11,7 @@
 //   H = attention heads, D = hidden size, E = routed experts.
 // - Outputs are preallocated by the caller; ops never allocate on the step
 //   path (CUDA graphs capture them).
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -181,14 +182,21 @@ class Backend {
   virtual ExpertWeights load_experts(std::vector<Weight> gate, std::vector<Weight> up, std::vector<Weight> down,
                                      std::optional<SharedExpertWeights> shared) = 0;
   virtual Tensor to_host(const Tensor& t) = 0;
+  // A copy of t for the host, taken once the work queued so far is done,
+  // without waiting for work queued later: the copy is queued now and the
+  // returned function waits for it alone. So a caller can queue the next
+  // step before it reads this one's results.
+  virtual std::function<Tensor()> to_host_later(const Tensor& t) = 0;
   virtual DeviceBatch prepare_batch(const ForwardBatch& b) = 0;
   virtual void synchronize() = 0;
 
   // ---- ops ---------------------------------------------------------------
   // Weight-like tensors (embedding table, norm weights, router bias) may keep
   // their checkpoint dtype (BF16/F16/F32) after load_tensor; ops convert.
-  // out{T, D} = table{V, D}[ids{T}]
-  virtual void embedding(const Tensor& ids, const Tensor& table, Tensor out) = 0;
+  // out{T, D} = table{V, D}[ids{T}]; an id below zero stands for one an
+  // earlier step picked on the device: picked[-1 - id] (the runtime's
+  // overlapped steps, ModelRunner::start_step).
+  virtual void embedding(const Tensor& ids, const Tensor& table, Tensor out, const Tensor& picked = {}) = 0;
   // out{T, D} = rmsnorm(x) * w; if residual is defined: residual += x first
   // and out = rmsnorm(residual) * w (the fused pre-norm residual add).
   virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor out, Tensor residual = {}) = 0;

@@ -101,7 +101,8 @@ Tensor DeepseekModel::logits_for_rows(const DeviceBatch& batch, const Tensor& no
   return logits;
 }
 
-Tensor DeepseekModel::forward(const ForwardBatch& batch, const std::vector<Tensor>& kv_cache, Tensor* final_hidden) {
+Tensor DeepseekModel::forward(const ForwardBatch& batch, const std::vector<Tensor>& kv_cache, Tensor* final_hidden,
+                              const Tensor& picked) {
   const ModelConfig& c = config_;
   MLA_CHECK(int(kv_cache.size()) == c.num_hidden_layers, "forward: {} kv-cache tensors for {} layers",
             kv_cache.size(), c.num_hidden_layers);
@@ -117,7 +118,7 @@ Tensor DeepseekModel::forward(const ForwardBatch& batch, const std::vector<Tenso
   const int64_t T = db.num_tokens, D = c.hidden_size;
   const MlaBatchPlan plan = plan_mla(db);
   Tensor x = backend_.alloc({T, D}, backend_.act_dtype());
-  backend_.embedding(db.input_ids, embed_tokens_, x);
+  backend_.embedding(db.input_ids, embed_tokens_, x, picked);
   Tensor residual;
   for (size_t i = 0; i < layers_.size(); ++i) run_block(layers_[i], db, plan, kv_cache[i], x, residual, i == 0);
   Tensor normed = backend_.alloc({T, D}, backend_.act_dtype());

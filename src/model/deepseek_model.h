@@ -39,8 +39,10 @@ class DeepseekModel {
   // one {num_slots, kv_lora_rank + qk_rope_head_dim} tensor per decoder layer
   // (act_dtype); this step's latent rows are written at batch.out_slots. When
   // final_hidden is given it receives the final-normed hidden states {T, D}
-  // of all new tokens (what the MTP block consumes).
-  Tensor forward(const ForwardBatch& batch, const std::vector<Tensor>& kv_cache, Tensor* final_hidden = nullptr);
+  // of all new tokens (what the MTP block consumes). Input ids below zero
+  // stand for ids an earlier step picked on the device: picked[-1 - id].
+  Tensor forward(const ForwardBatch& batch, const std::vector<Tensor>& kv_cache, Tensor* final_hidden = nullptr,
+                 const Tensor& picked = {});
 
   // The MTP block: batch.input_ids are the tokens *following* the positions
   // of `hidden` (main-model final hidden states {T, D}, one per new token),

@@ -78,13 +78,16 @@ TEST_P(RowOps, EmbeddingAddAndRowMoves) {
   const int64_t vocab = 50, dim = GetParam(), rows = 7;
   std::mt19937 rng(3 + dim);
   auto table = random_bf16(vocab * dim, rng);
-  std::vector<int32_t> ids = {4, 0, 49, 4, 17, 33, 8};
-  auto dtable = upload(table), dids = upload(ids);
+  // Two ids stand for ids an earlier step picked: -1 - r is picked[r].
+  std::vector<int32_t> ids = {4, -2, 49, 4, -1, 33, 8}, picked = {17, 0};
+  const std::vector<int32_t> resolved = {4, 0, 49, 4, 17, 33, 8};
+  auto dtable = upload(table), dids = upload(ids), dpicked = upload(picked);
   auto demb = poisoned(rows * dim * 2);
-  embedding(dids.get<int32_t>(), dtable.get<__nv_bfloat16>(), rows, dim, demb.get<__nv_bfloat16>(), nullptr);
+  embedding(dids.get<int32_t>(), dpicked.get<int32_t>(), dtable.get<__nv_bfloat16>(), rows, dim,
+            demb.get<__nv_bfloat16>(), nullptr);
   auto emb = download<uint16_t>(demb, rows * dim);
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < dim; ++i) ASSERT_EQ(emb[r * dim + i], table[ids[r] * dim + i]) << r << "," << i;
+    for (int64_t i = 0; i < dim; ++i) ASSERT_EQ(emb[r * dim + i], table[resolved[r] * dim + i]) << r << "," << i;
 
   // scatter rows into a cache at slots, gather them back in another order
   std::vector<int32_t> slots = {12, 3, 7, 0, 19, 5, 9};

@@ -196,6 +196,11 @@ TEST_F(CpuOpsTest, ScatterGatherAndEmbedding) {
     for (int i = 0; i < 4; ++i) want.push_back(bf16_to_f32(table.data<uint16_t>()[id * 4 + i]));
   expect_close(out, want, 0);
   EXPECT_THROW(be->embedding(i32({10}), table, be->alloc({1, 4}, DType::F32)), Error);
+  // Ids below zero name ids an earlier step picked.
+  be->embedding(i32({-1, -2, 7}), table, out, i32({7, 0}));
+  expect_close(out, want, 0);
+  EXPECT_THROW(be->embedding(i32({-3}), table, be->alloc({1, 4}, DType::F32), i32({7, 0})), Error);
+  EXPECT_THROW(be->embedding(i32({-1}), table, be->alloc({1, 4}, DType::F32)), Error);
 }
 
 TEST_F(CpuOpsTest, HeadBmmBothLayouts) {

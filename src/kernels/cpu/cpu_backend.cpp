@@ -90,6 +90,11 @@ class CpuBackend final : public Backend {
   }
 
   Tensor to_host(const Tensor& t) override { return t; }
+  std::function<Tensor()> to_host_later(const Tensor& t) override {
+    Tensor copy = Tensor::empty(t.shape(), t.dtype());  // t may be overwritten before the call
+    if (t.nbytes()) std::memcpy(copy.raw(), t.raw(), t.nbytes());
+    return [copy] { return copy; };
+  }
 
   DeviceBatch prepare_batch(const ForwardBatch& b) override {
     const int T = b.num_tokens(), B = b.num_seqs();
@@ -123,14 +128,20 @@ class CpuBackend final : public Backend {
 
   void synchronize() override {}
 
-  void embedding(const Tensor& ids, const Tensor& table, Tensor out) override {
+  void embedding(const Tensor& ids, const Tensor& table, Tensor out, const Tensor& picked = {}) override {
     check_i32(ids, "embedding", "ids");
     check_f32(out, "embedding", "out");
+    if (picked.defined()) check_i32(picked, "embedding", "picked");
     const int64_t V = table.dim(0), D = table.dim(1);
     MLA_CHECK(out.dim(0) == ids.numel() && out.dim(1) == D, "embedding: out {} for {} ids of width {}",
               shape_str(out.shape()), ids.numel(), D);
     for (int64_t t = 0; t < ids.numel(); ++t) {
       int32_t id = ids.data<int32_t>()[t];
+      if (id < 0) {
+        MLA_CHECK(picked.defined() && -1 - int64_t(id) < picked.numel(),
+                  "token id {} names no picked id ({} picked)", id, picked.defined() ? picked.numel() : 0);
+        id = picked.data<int32_t>()[-1 - int64_t(id)];
+      }
       MLA_CHECK(id >= 0 && id < V, "token id {} outside the vocabulary [0, {})", id, V);
       cpu::to_f32(table, id * D, D, out.data<float>() + t * D);
     }

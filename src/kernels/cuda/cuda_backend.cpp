@@ -348,6 +348,47 @@ Tensor CudaBackend::to_host(const Tensor& t) {
   return h;
 }
 
+// Pinned buffers for to_host_later, each with the event its copy records;
+// one is reused once no pending result holds it.
+struct CudaBackend::HostSlot {
+  void* pinned = nullptr;
+  size_t bytes = 0;
+  cudaEvent_t copied = nullptr;
+  ~HostSlot() {
+    if (pinned) cudaFreeHost(pinned);
+    if (copied) cudaEventDestroy(copied);
+  }
+};
+
+std::function<Tensor()> CudaBackend::to_host_later(const Tensor& t) {
+  MLA_CHECK(t.device() == Device::CUDA, "to_host_later: a CUDA tensor is required");
+  auto it = std::find_if(host_slots_.begin(), host_slots_.end(), [](auto& s) { return s.use_count() == 1; });
+  if (it == host_slots_.end()) {
+    auto slot = std::make_shared<HostSlot>();
+    MLA_CUDA_CHECK(cudaEventCreateWithFlags(&slot->copied, cudaEventDisableTiming), "to_host_later");
+    host_slots_.push_back(slot);
+    it = host_slots_.end() - 1;
+  }
+  std::shared_ptr<HostSlot> slot = *it;
+  if (slot->bytes < t.nbytes()) {
+    if (slot->pinned) cudaFreeHost(slot->pinned);
+    slot->pinned = nullptr;
+    slot->bytes = 0;
+    MLA_CUDA_CHECK(cudaMallocHost(&slot->pinned, t.nbytes()), "to_host_later");
+    slot->bytes = t.nbytes();
+  }
+  if (t.nbytes())
+    MLA_CUDA_CHECK(cudaMemcpyAsync(slot->pinned, t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, stream_),
+                   "to_host_later");
+  MLA_CUDA_CHECK(cudaEventRecord(slot->copied, stream_), "to_host_later");
+  return [slot, shape = t.shape(), dtype = t.dtype()] {
+    MLA_CUDA_CHECK(cudaEventSynchronize(slot->copied), "to_host_later");
+    Tensor h = Tensor::empty(shape, dtype);
+    if (h.nbytes()) std::memcpy(h.raw(), slot->pinned, h.nbytes());
+    return h;
+  };
+}
+
 void CudaBackend::synchronize() { MLA_CUDA_CHECK(cudaStreamSynchronize(stream_), "synchronize"); }
 
 DeviceBatch CudaBackend::prepare_batch(const ForwardBatch& b) {
@@ -445,12 +486,12 @@ const __nv_bfloat16* CudaBackend::as_bf16(const Tensor& t, const char* op) {
   return it->second.data<__nv_bfloat16>();
 }
 
-void CudaBackend::embedding(const Tensor& ids, const Tensor& table, Tensor out) {
+void CudaBackend::embedding(const Tensor& ids, const Tensor& table, Tensor out, const Tensor& picked) {
   const int64_t D = table.dim(1);
   MLA_CHECK(out.dim(0) == ids.numel() && out.dim(1) == D, "embedding: out {} for {} ids of width {}",
             shape_str(out.shape()), ids.numel(), D);
-  cuda::embedding(i32(ids, "embedding", "ids"), as_bf16(table, "embedding"), ids.numel(), D,
-                  bf(out, "embedding", "out"), stream_);
+  cuda::embedding(i32(ids, "embedding", "ids"), picked.defined() ? i32(picked, "embedding", "picked") : nullptr,
+                  as_bf16(table, "embedding"), ids.numel(), D, bf(out, "embedding", "out"), stream_);
 }
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor out, Tensor residual) {

@@ -36,10 +36,11 @@ class CudaBackend final : public Backend {
   ExpertWeights load_experts(std::vector<Weight> gate, std::vector<Weight> up, std::vector<Weight> down,
                              std::optional<SharedExpertWeights> shared) override;
   Tensor to_host(const Tensor& t) override;
+  std::function<Tensor()> to_host_later(const Tensor& t) override;
   DeviceBatch prepare_batch(const ForwardBatch& b) override;
   void synchronize() override;
 
-  void embedding(const Tensor& ids, const Tensor& table, Tensor out) override;
+  void embedding(const Tensor& ids, const Tensor& table, Tensor out, const Tensor& picked = {}) override;
   void rms_norm(const Tensor& x, const Tensor& w, float eps, Tensor out, Tensor residual = {}) override;
   void linear(const Tensor& x, const Weight& w, Tensor out) override;
   void linear_f32_out(const Tensor& x, const Weight& w, Tensor out) override;
@@ -118,6 +119,8 @@ class CudaBackend final : public Backend {
   bool mla_chain_ = true;
   DeviceBuffer mla_chain_barrier_;  // the chain kernel's grid-barrier arrival counter
   std::unordered_map<const void*, Tensor> bf16_copies_;
+  struct HostSlot;
+  std::vector<std::shared_ptr<HostSlot>> host_slots_;  // to_host_later's
   void* pinned_ = nullptr;  // host staging for prepare_batch uploads
   size_t pinned_bytes_ = 0;
   cudaEvent_t staging_free_ = nullptr;  // recorded after each staging copy

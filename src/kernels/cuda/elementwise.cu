@@ -9,11 +9,12 @@ namespace {
 
 constexpr int kRowThreads = 256;
 
-__global__ void embedding_kernel(const int32_t* ids, const __nv_bfloat16* table, int64_t dim,
-                                 __nv_bfloat16* out) {
+__global__ void embedding_kernel(const int32_t* ids, const int32_t* picked, const __nv_bfloat16* table,
+                                 int64_t dim, __nv_bfloat16* out) {
   pdl_enter();
   const int64_t t = blockIdx.x;
-  const __nv_bfloat16* src = table + int64_t(ids[t]) * dim;
+  const int32_t id = ids[t] < 0 ? picked[-1 - int64_t(ids[t])] : ids[t];
+  const __nv_bfloat16* src = table + int64_t(id) * dim;
   __nv_bfloat16* dst = out + t * dim;
   for (int64_t i = threadIdx.x * 8; i < dim; i += blockDim.x * 8) Bf16x8::load(src + i).store(dst + i);
 }
@@ -146,11 +147,11 @@ void move_rows(void* dst, const void* src, const int32_t* slots, int64_t num_row
 
 }  // namespace
 
-void embedding(const int32_t* ids, const __nv_bfloat16* table, int64_t num_tokens, int64_t dim,
-               __nv_bfloat16* out, cudaStream_t stream) {
+void embedding(const int32_t* ids, const int32_t* picked, const __nv_bfloat16* table, int64_t num_tokens,
+               int64_t dim, __nv_bfloat16* out, cudaStream_t stream) {
   check_width(dim, "embedding");
   if (num_tokens == 0) return;
-  launch_dependent(embedding_kernel, num_tokens, 128, 0, stream, ids, table, dim, out);
+  launch_dependent(embedding_kernel, num_tokens, 128, 0, stream, ids, picked, table, dim, out);
   check_launch("embedding");
 }
 

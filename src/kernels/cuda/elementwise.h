@@ -9,10 +9,12 @@
 
 namespace mlaserve::cuda {
 
-// out{T, D} = table{V, D}[ids{T}]. Token ids are validated on the host before
-// they reach the device (the tokenizer and the server bound them by vocab).
-void embedding(const int32_t* ids, const __nv_bfloat16* table, int64_t num_tokens, int64_t dim,
-               __nv_bfloat16* out, cudaStream_t stream);
+// out{T, D} = table{V, D}[ids{T}], an id below zero standing for
+// picked[-1 - id] (an id an earlier step picked). Token ids are validated on
+// the host before they reach the device (the tokenizer and the server bound
+// them by vocab; the runtime bounds the picked rows).
+void embedding(const int32_t* ids, const int32_t* picked, const __nv_bfloat16* table, int64_t num_tokens,
+               int64_t dim, __nv_bfloat16* out, cudaStream_t stream);
 
 // out = rmsnorm(x) * w per row; with residual != null, residual += x first
 // and the sum is normalized (the fused pre-norm residual add).
