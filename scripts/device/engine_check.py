@@ -8,7 +8,9 @@
    (decode batches replay graphs) equal to the golden tokens, a chat
    completion, streamed and not; SIGTERM exits cleanly.
 3. bench-one-batch --device cuda with graphs on and off (v2-lite width, few
-   layers) to show what the graphs buy on the engine path.
+   layers) to show what the graphs buy on the engine path, and decode through
+   the engine (`generate`, batch 1) with and without the overlapped decode
+   steps (--disable-overlap-schedule).
 
 Usage: python3 scripts/device/engine_check.py BIN WORKDIR [--bench-layers N] [--bench-only]
 """
@@ -161,6 +163,15 @@ def bench(binary, work, layers, output_len):
             lines = [l for l in out if l.startswith(("Prefill.", "Decode.  median", "Decode step reads"))]
             print(f"bench-one-batch v2-lite x{layers} bs {bs} graphs={'on ' if graphs else 'off'}: "
                   + " | ".join(lines), flush=True)
+    ids = ",".join(str(7 + i % 1000) for i in range(512))
+    for rnd in range(2):
+        for overlap in (True, False):
+            cmd = [binary, "generate", "--device", "cuda", "--model-path", model, "--input-ids", ids,
+                   "--max-new-tokens", str(4 * output_len), "--ignore-eos", "--json"] + (
+                      [] if overlap else ["--disable-overlap-schedule"])
+            out = json.loads(run(cmd).stdout)
+            print(f"generate v2-lite x{layers} bs 1 (engine) overlap={'on ' if overlap else 'off'}: "
+                  f"{out['tokens_per_s']:.1f} tok/s, {1e3 / out['tokens_per_s']:.3f} ms a step", flush=True)
 
 
 def main():

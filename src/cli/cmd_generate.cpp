@@ -140,6 +140,8 @@ CommandRegistration generate_command(
           ->capture_default_str()
           ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
       app.add_flag("--disable-cuda-graph", o->engine.disable_cuda_graph, "run decode steps eagerly on CUDA");
+      app.add_flag("--disable-overlap-schedule", o->engine.disable_overlap_schedule,
+                   "build each decode step after the previous one's tokens reach the host");
       app.add_option("--kv-cache-dtype", o->kv_cache_dtype, "latent cache dtype: auto (= activations), bf16 or fp8_e4m3")
           ->capture_default_str()
           ->check(CLI::IsMember({"auto", "bf16", "fp8_e4m3"}));

@@ -144,6 +144,8 @@ CommandRegistration serve_command("serve", "serve the OpenAI-compatible HTTP API
       ->capture_default_str()
       ->check(CLI::IsMember({"fcfs", "lpm"}));
   app.add_flag("--disable-radix-cache", e.disable_radix_cache, "no prefix reuse");
+  app.add_flag("--disable-overlap-schedule", e.disable_overlap_schedule,
+               "build each decode step after the previous one's tokens reach the host");
   app.add_flag("--disable-cuda-graph", e.disable_cuda_graph, "run decode steps eagerly on CUDA");
   app.add_option("--cuda-graph-max-bs", e.cuda_graph_max_bs, "largest decode batch captured in a CUDA graph")
       ->capture_default_str()

@@ -3,6 +3,8 @@
 // of num_pages * page_size slots per layer, allocated once at start-up.
 // On CUDA, decode steps replay captured graphs (--cuda-graph-bs); prefill
 // and mixed steps run eagerly.
+#include <deque>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -25,8 +27,8 @@ class DeepseekModelRunner : public ModelRunner {
                       KvCacheDtype kv_cache_dtype = KvCacheDtype::Auto);
   int vocab_size() const override { return model_.config().vocab_size; }
   Tensor forward(const ForwardBatch& batch) override;
-  std::vector<int32_t> forward_greedy(const ForwardBatch& batch) override;
-  std::vector<int32_t> forward_sampled(const ForwardBatch& batch, const std::vector<RowSampling>& rows) override;
+  void start_step(const ForwardBatch& batch, const std::vector<RowSampling>* rows) override;
+  std::vector<int32_t> finish_step() override;
   // Batch sizes with a captured decode graph (empty: eager only).
   std::vector<int> graph_batch_sizes() const;
 
@@ -34,11 +36,17 @@ class DeepseekModelRunner : public ModelRunner {
   // The step's logits {logit rows, vocab} on the device (a replayed graph's
   // or an eager forward's); undefined for a step without logits rows.
   Tensor device_logits(const ForwardBatch& batch);
-  // Each logits row's argmax (rows null) or sample_rows draw.
-  std::vector<int32_t> device_ids(const ForwardBatch& batch, const std::vector<RowSampling>* rows);
+  // Placeholder input ids must name rows of the last started step's picks.
+  void check_placeholders(const ForwardBatch& batch) const;
+  static constexpr int64_t kMaxPickedRows = 1 << 16;
 
   DeepseekModel& model_;
   std::vector<Tensor> kv_cache_;
+  // The last started step's picks on the device, where the next step's
+  // placeholder input ids are resolved (a fixed buffer: graphs read it).
+  Tensor picked_;
+  int picked_rows_ = 0;
+  std::deque<std::function<std::vector<int32_t>()>> started_;  // results of started steps, oldest first
   std::unique_ptr<DecodeGraphRunner> graphs_;
 };
 

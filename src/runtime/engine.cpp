@@ -11,7 +11,6 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, EngineConfig config, TextStr
   capacity_tokens_ = scheduler_.capacity_tokens();
   vocab_size_ = runner_->vocab_size();
   stats_ = scheduler_.stats();
-  step_thread_ = std::thread([this] { step_thread(); });
   engine_thread_ = std::thread([this] { loop(); });
 }
 
@@ -22,7 +21,6 @@ Engine::~Engine() {
   }
   cv_.notify_all();
   engine_thread_.join();
-  step_thread_.join();
 }
 
 uint64_t Engine::submit(GenerateRequest g) {
@@ -165,83 +163,28 @@ void Engine::publish() {
   cv_.notify_all();
 }
 
-void Engine::step_thread() {
-  std::unique_lock lk(mu_);
-  for (;;) {
-    cv_.wait(lk, [&] { return stopping_ || step_batch_ != nullptr; });
-    if (!step_batch_) return;
-    const ScheduledBatch* batch = step_batch_;
-    lk.unlock();
-    Tensor logits;
-    std::vector<int32_t> ids;
-    std::exception_ptr error;
-    try {
-      using Path = ScheduledBatch::SamplingPath;
-      if (batch->sampling == Path::HostLogits) {
-        logits = runner_->forward(batch->forward);
-      } else {
-        ids = batch->sampling == Path::DeviceArgmax ? runner_->forward_greedy(batch->forward)
-                                                    : runner_->forward_sampled(batch->forward, batch->device_rows);
-        for (int32_t id : ids)
-          MLA_CHECK(id >= 0 && id < vocab_size_, "model returned token id {} outside the vocabulary [0, {})", id,
-                    vocab_size_);
-      }
-    } catch (...) {
-      error = std::current_exception();
-    }
-    lk.lock();
-    step_logits_ = std::move(logits);
-    step_ids_ = std::move(ids);
-    step_error_ = error;
-    step_batch_ = nullptr;
-    step_done_ = true;
-    cv_.notify_all();
-  }
-}
-
 void Engine::loop() {
   std::vector<Command> commands;
-  std::unique_ptr<ScheduledBatch> in_flight;  // launched on the step thread
   for (;;) {
     {
       std::unique_lock lk(mu_);
-      cv_.wait(lk, [&] { return stopping_ || !inbox_.empty() || scheduler_.has_work() || in_flight; });
+      cv_.wait(lk, [&] { return stopping_ || !inbox_.empty() || scheduler_.has_work() || !started_.empty(); });
       if (stopping_) break;
       commands.swap(inbox_);
     }
     try {
       apply(commands);
-      if (!in_flight) in_flight = launch(scheduler_.next_batch());
-      if (in_flight) {
-        std::exception_ptr error = wait_for_step(commands);
-        std::unique_ptr<ScheduledBatch> done = std::move(in_flight);
-        if (error) {
-          fail_batch(*done, error);
-        } else {
-          // Overlap: step N+1 is built from N's sampled tokens and launched
-          // before N's tokens are detokenized, matched and reported.
-          Scheduler::SampledStep sampled = done->sampling == ScheduledBatch::SamplingPath::HostLogits
-                                               ? scheduler_.sample(*done, step_logits_)
-                                               : scheduler_.sample_ids(*done, step_ids_);
-          step_logits_ = Tensor();
-          in_flight = launch(scheduler_.next_batch());
-          scheduler_.postprocess(sampled);
-        }
-        if (config_.check_invariants) scheduler_.check_invariants();
-      }
+      step(commands);
     } catch (const std::exception& e) {
       // A bookkeeping error must not take the process down with it: fail the
       // requests (their clients get an error), keep serving new ones.
       spdlog::error("engine: {}; aborting all requests", e.what());
-      if (in_flight) {
-        wait_for_step(commands);  // the step thread still reads its batch
-        in_flight.reset();
-      }
+      drain_started();
       scheduler_.abort_all(std::string("engine error: ") + e.what());
     }
     publish();
   }
-  if (in_flight) wait_for_step(commands);
+  drain_started();
   {
     std::lock_guard lk(mu_);
     for (auto& c : inbox_)
@@ -254,34 +197,77 @@ void Engine::loop() {
   publish();
 }
 
-std::unique_ptr<ScheduledBatch> Engine::launch(std::optional<ScheduledBatch> batch) {
-  if (!batch) return nullptr;
-  auto owned = std::make_unique<ScheduledBatch>(std::move(*batch));  // stable address for the step thread
-  std::lock_guard lk(mu_);
-  step_done_ = false;
-  step_batch_ = owned.get();
-  cv_.notify_all();
-  return owned;
+void Engine::take_commands(std::vector<Command>& commands) {
+  {
+    std::lock_guard lk(mu_);
+    commands.swap(inbox_);
+  }
+  apply(commands);
 }
 
-std::exception_ptr Engine::wait_for_step(std::vector<Command>& commands) {
-  std::unique_lock lk(mu_);
-  // While the step runs, take in new requests and aborts (aborts of requests
-  // in this batch take effect once it completes). Nothing here may throw:
-  // the step thread is reading the batch.
-  for (;;) {
-    cv_.wait(lk, [&] { return step_done_ || (!inbox_.empty() && !stopping_); });
-    if (step_done_) break;
-    commands.swap(inbox_);
-    lk.unlock();
+void Engine::step(std::vector<Command>& commands) {
+  if (started_.empty()) start(scheduler_.next_batch());
+  if (started_.empty()) return;
+  // Overlap: the step after the running one is started before its tokens
+  // reach the host, its input ids naming them on the device.
+  if (config_.overlap_decode && started_.size() == 1) start(scheduler_.continue_decode(*started_.front()));
+  Scheduler::SampledStep sampled = finish_oldest();
+  take_commands(commands);
+  // Without a continuation, the next step is built from these tokens and
+  // started before they are detokenized, matched and reported.
+  if (started_.empty()) start(scheduler_.next_batch());
+  scheduler_.postprocess(sampled);
+  if (config_.check_invariants) scheduler_.check_invariants();
+}
+
+void Engine::start(std::optional<ScheduledBatch> batch) {
+  if (!batch) return;
+  auto owned = std::make_unique<ScheduledBatch>(std::move(*batch));
+  using Path = ScheduledBatch::SamplingPath;
+  if (owned->sampling != Path::HostLogits) {
     try {
-      apply(commands);
-    } catch (const std::exception& e) {
-      spdlog::error("engine: {} (while a step was running)", e.what());
+      runner_->start_step(owned->forward, owned->sampling == Path::DeviceSample ? &owned->device_rows : nullptr);
+    } catch (...) {
+      fail_batch(*owned, std::current_exception());
+      return;
     }
-    lk.lock();
   }
-  return step_error_;
+  started_.push_back(std::move(owned));
+}
+
+Scheduler::SampledStep Engine::finish_oldest() {
+  std::unique_ptr<ScheduledBatch> done = std::move(started_.front());
+  started_.pop_front();
+  Tensor logits;
+  std::vector<int32_t> ids;
+  try {
+    if (done->sampling == ScheduledBatch::SamplingPath::HostLogits) {
+      logits = runner_->forward(done->forward);
+    } else {
+      ids = runner_->finish_step();
+      for (int32_t id : ids)
+        MLA_CHECK(id >= 0 && id < vocab_size_, "model returned token id {} outside the vocabulary [0, {})", id,
+                  vocab_size_);
+    }
+  } catch (...) {
+    fail_batch(*done, std::current_exception());
+    return {};
+  }
+  return done->sampling == ScheduledBatch::SamplingPath::HostLogits ? scheduler_.sample(*done, logits)
+                                                                     : scheduler_.sample_ids(*done, ids);
+}
+
+void Engine::drain_started() {
+  while (!started_.empty()) {
+    std::unique_ptr<ScheduledBatch> done = std::move(started_.front());
+    started_.pop_front();
+    if (done->sampling == ScheduledBatch::SamplingPath::HostLogits) continue;  // never ran
+    try {
+      runner_->finish_step();
+    } catch (const std::exception& e) {
+      spdlog::error("engine: {} (while finishing a started step)", e.what());
+    }
+  }
 }
 
 void Engine::fail_batch(const ScheduledBatch& batch, std::exception_ptr error) {

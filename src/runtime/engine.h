@@ -3,14 +3,18 @@
 // drives the model; callers submit requests from any thread and get
 // streaming callbacks (on the engine thread) as tokens are produced.
 //
-// Overlap: the model step runs on its own step thread. When step N's logits
-// arrive, the engine thread samples them, builds and launches step N+1, and
-// only then detokenizes, matches stop strings and reports N's tokens, while
-// N+1 runs (a request ended by a stop string is dropped from N+1's results).
-// While a step runs the engine thread also takes in new requests and aborts.
-// A step whose rows need neither penalties nor logprobs
-// (ScheduledBatch::sampling) asks the model for the argmax or sampled ids
-// only, so the logits stay on the device.
+// Overlap: a step whose rows need neither penalties nor logprobs
+// (ScheduledBatch::sampling) has its tokens picked on the device, and only
+// the ids come back. When every running request is decoding, the step after
+// it is built and started before its ids reach the host
+// (Scheduler::continue_decode): its input ids name the picks on the device,
+// so the GPU goes from step to step without waiting for the host (SGLang's
+// overlap scheduler; --disable-overlap-schedule turns it off). Otherwise,
+// when step N's tokens arrive, the engine samples them, builds and starts
+// step N+1, and only then detokenizes, matches stop strings and reports N's
+// tokens, while N+1 runs. A request ended by a stop token or string keeps a
+// row in the step already started, which is dropped unsampled. New requests
+// and aborts are taken in between steps.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -38,6 +42,7 @@ class QueueFullError : public Error {
 struct EngineConfig {
   SchedulerConfig scheduler;
   int max_queued_requests = 4096;  // waiting, not yet running
+  bool overlap_decode = true;      // start decode steps before the previous one's ids are on the host
   bool check_invariants = false;   // after every step (tests)
 };
 
@@ -92,13 +97,20 @@ class Engine {
     std::promise<bool>* flush = nullptr;
   };
   void loop();
+  // One step: start the next (or a continuation of the started one), finish
+  // the oldest started, sample it, start its successor, postprocess.
+  void step(std::vector<Command>& commands);
+  void take_commands(std::vector<Command>& commands);
   void apply(std::vector<Command>& commands);
-  // Hands a batch to the step thread (nothing when there is none).
-  std::unique_ptr<ScheduledBatch> launch(std::optional<ScheduledBatch> batch);
-  // Until the launched step is done, taking in commands meanwhile; its error.
-  std::exception_ptr wait_for_step(std::vector<Command>& commands);
+  // Starts a batch on the runner (device-picked) or keeps it to run at
+  // finish (host logits); a batch that fails to start fails its requests.
+  void start(std::optional<ScheduledBatch> batch);
+  // Finishes the oldest started batch: its tokens, sampled.
+  Scheduler::SampledStep finish_oldest();
+  // Finishes every started batch, dropping results and errors (shutdown,
+  // bookkeeping failure).
+  void drain_started();
   void fail_batch(const ScheduledBatch& batch, std::exception_ptr error);
-  void step_thread();
   // Makes the scheduler's state visible to other threads: stats, and the
   // in-flight count drain() waits on (only once the stats show them done).
   void publish();
@@ -119,15 +131,10 @@ class Engine {
   SchedulerStats stats_;
   int finished_unpublished_ = 0;  // engine thread only
 
-  // The step thread runs one forward at a time for the engine thread
-  // (guarded by mu_, signalled through cv_).
-  const ScheduledBatch* step_batch_ = nullptr;
-  Tensor step_logits_;             // the step's logits rows, or
-  std::vector<int32_t> step_ids_;  // the ids the device picked (ScheduledBatch::sampling)
-  std::exception_ptr step_error_;
-  bool step_done_ = false;
+  // Batches started and not finished, oldest first (engine thread only): at
+  // most two, the second a continuation of the first.
+  std::deque<std::unique_ptr<ScheduledBatch>> started_;
 
-  std::thread step_thread_;
   std::thread engine_thread_;
 };
 

@@ -56,6 +56,7 @@ LoadedEngine::LoadedEngine(const EngineArgs& a)
   s.enable_radix_cache = !a.disable_radix_cache;
   if (eos_id_ >= 0) s.eos_token_ids = {eos_id_};
   ec.max_queued_requests = a.max_queued_requests;
+  ec.overlap_decode = !a.disable_overlap_schedule;
   CudaGraphSettings graphs;
   graphs.enabled = !a.disable_cuda_graph && backend_->device() == Device::CUDA;
   graphs.batch_sizes = a.cuda_graph_bs.empty() ? default_cuda_graph_batch_sizes(

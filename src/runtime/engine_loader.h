@@ -30,6 +30,7 @@ struct EngineArgs {
   std::string schedule_policy = "fcfs";
   bool disable_radix_cache = false;
   int max_queued_requests = 4096;
+  bool disable_overlap_schedule = false;  // EngineConfig::overlap_decode off
   // CUDA graphs for decode steps (SGLang's flags); ignored on CPU.
   bool disable_cuda_graph = false;
   int cuda_graph_max_bs = 64;

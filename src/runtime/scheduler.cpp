@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <random>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "core/error.h"
@@ -252,24 +253,29 @@ bool Scheduler::admit(Request& r, int& budget, int reserved_pages) {
 
 namespace {
 
-void append_entry(ScheduledBatch& b, Request& r, int n, int page_size) {
+// r's next n tokens (from kv_len) as one sequence of the batch, attending to
+// everything before them; or, with a placeholder, the one token after its
+// last (continue_decode), whose input id is the placeholder. A logits row
+// when the sequence reaches the request's end.
+void append_entry(ScheduledBatch& b, Request& r, int n, int page_size, std::optional<int32_t> placeholder = {}) {
   ForwardBatch& f = b.forward;
   if (f.q_indptr.empty()) {
     f.q_indptr.push_back(0);
     f.kv_indptr.push_back(0);
   }
+  const int pos0 = placeholder ? int(r.tokens.size()) : r.kv_len;
   auto slot = [&](int pos) { return r.pages[size_t(pos / page_size)] * page_size + pos % page_size; };
   for (int i = 0; i < n; ++i) {
-    int pos = r.kv_len + i;
-    f.input_ids.push_back(r.tokens[size_t(pos)]);
+    int pos = pos0 + i;
+    f.input_ids.push_back(placeholder ? *placeholder : r.tokens[size_t(pos)]);
     f.positions.push_back(pos);
     f.out_slots.push_back(slot(pos));
   }
-  for (int pos = 0; pos < r.kv_len + n; ++pos) f.kv_slots.push_back(slot(pos));
+  for (int pos = 0; pos < pos0 + n; ++pos) f.kv_slots.push_back(slot(pos));
   f.q_indptr.push_back(int32_t(f.input_ids.size()));
   f.kv_indptr.push_back(int32_t(f.kv_slots.size()));
   ScheduledBatch::Entry e{&r, n};
-  if (r.kv_len + n == int(r.tokens.size())) {
+  if (placeholder || pos0 + n == int(r.tokens.size())) {
     e.logit_row = int(f.logit_rows.size());
     f.logit_rows.push_back(int32_t(f.input_ids.size()) - 1);
   }
@@ -351,6 +357,11 @@ std::optional<ScheduledBatch> Scheduler::build_batch() {
   }
 
   if (b.entries.empty()) return std::nullopt;
+  finish_building(b);
+  return b;
+}
+
+void Scheduler::finish_building(ScheduledBatch& b) {
   auto every_row = [&](auto pred) {
     return std::all_of(b.entries.begin(), b.entries.end(),
                        [&](const ScheduledBatch::Entry& e) { return e.logit_row < 0 || pred(e.request->params); });
@@ -369,18 +380,45 @@ std::optional<ScheduledBatch> Scheduler::build_batch() {
   if (b.num_decode > 0) new_token_ratio_ = std::max(kMinNewTokenRatio, new_token_ratio_ - kNewTokenRatioDecay);
   totals_.last_batch_tokens = b.forward.num_tokens();
   totals_.last_batch_seqs = int(b.entries.size());
+}
+
+std::optional<ScheduledBatch> Scheduler::continue_decode(const ScheduledBatch& started) {
+  if (started.sampling == ScheduledBatch::SamplingPath::HostLogits || !waiting_.empty() || running_.empty())
+    return std::nullopt;
+  std::unordered_map<const Request*, int> row_of;  // each request's logits row in `started`
+  for (const auto& e : started.entries) row_of[e.request] = e.logit_row;
+  for (const auto& r : running_) {
+    auto it = row_of.find(r.get());
+    if (r->aborted || it == row_of.end() || it->second < 0) return std::nullopt;
+  }
+  ScheduledBatch b;
+  for (const auto& rp : running_) {
+    Request& r = *rp;
+    const int pos = int(r.tokens.size());  // where started's pick goes
+    if (r.num_output() + 1 >= r.params.max_new_tokens || pos + 1 >= config_.context_length) continue;
+    if (!ensure_pages(r, pos + 1)) return std::nullopt;
+    append_entry(b, r, 1, config_.page_size, -1 - row_of[&r]);
+  }
+  if (b.entries.empty()) return std::nullopt;
+  b.num_decode = int(b.entries.size());
+  finish_building(b);
   return b;
 }
 
 std::vector<const ScheduledBatch::Entry*> Scheduler::begin_sampling(const ScheduledBatch& b) {
-  retired_.clear();  // the previous step's postprocessing is done
   std::vector<const ScheduledBatch::Entry*> to_sample;
   for (const auto& e : b.entries) {
     Request& r = *e.request;
+    // Its final output went out after this step started (a continued step's
+    // row of a request the step before ended): nothing more to do for it.
+    if (r.final_reported) continue;
     r.kv_len += e.num_tokens;
     if (e.num_tokens > 1 && !r.aborted) cache_prefix(r);
     if (e.logit_row >= 0 && !r.aborted) to_sample.push_back(&e);
   }
+  // The previous step's postprocessing is done, and no started step holds
+  // these requests any more (a continued step held them up to here).
+  retired_.clear();
   return to_sample;
 }
 

@@ -97,6 +97,14 @@ class Scheduler {
   size_t num_running() const { return running_.size(); }
 
   std::optional<ScheduledBatch> next_batch();
+  // The step after `started` (device-sampled, not yet sampled here), built
+  // before its tokens reach the host: every running request decodes the
+  // token `started` picks for it, named by a placeholder input id (-1 - its
+  // logits row; ModelRunner::start_step). None when that is not the next
+  // step: some request is waiting, aborted, not in `started` or mid-prefill,
+  // or a page is short. A request that `started` ends by length is left
+  // out; one it ends by a stop token keeps a row that is dropped unsampled.
+  std::optional<ScheduledBatch> continue_decode(const ScheduledBatch& started);
 
   // A step's sampled tokens, between sample() and postprocess().
   struct SampledStep {
@@ -130,6 +138,8 @@ class Scheduler {
 
  private:
   std::optional<ScheduledBatch> build_batch();
+  // The batch's sampling path and statistics, once its entries are in.
+  void finish_building(ScheduledBatch& b);
   void release_aborted();
   bool admit(Request& r, int& budget, int reserved_pages);
   bool ensure_pages(Request& r, int tokens);

@@ -127,6 +127,43 @@ TEST(Engine, MaxTokensClippedToTheContext) {
   EXPECT_EQ(results[0].final_output.finish, FinishReason::Length);
 }
 
+// With overlap, decode steps start before the previous step's ids reach the
+// host, naming them by placeholder: the same tokens as without (greedy,
+// seeded sampling, a stop token ending a request whose next row had already
+// started), and every page back at the end.
+TEST(Engine, OverlappedDecodeStepsGiveTheSameTokens) {
+  const std::vector<int32_t> a = {4, 8, 15}, b = {16, 23, 42, 7}, c_prompt = {3, 1, 4, 1, 5};
+  const auto expected_b = expected_continuation(b, 20, kVocab);
+  auto requests = [&] {
+    std::vector<GenerateRequest> batch = {greedy(a, 30), greedy(b, 20)};
+    batch[1].params.stop_token_ids = {expected_b[6]};
+    GenerateRequest sampled = greedy(c_prompt, 25);
+    sampled.params.temperature = 0.9f;
+    sampled.params.top_p = 0.95f;
+    sampled.params.seed = 77;
+    batch.push_back(sampled);
+    return batch;
+  };
+  std::vector<std::vector<int32_t>> outputs[2];
+  for (bool overlap : {false, true}) {
+    auto c = small_config();
+    c.overlap_decode = overlap;
+    auto model = std::make_unique<FakeModel>(c.scheduler.num_pages * c.scheduler.page_size, kVocab);
+    FakeModel* fake = model.get();
+    Engine engine(std::move(model), c);
+    for (auto& r : engine.generate(requests())) outputs[overlap].push_back(r.output_ids);
+    EXPECT_EQ(outputs[overlap][0], expected_continuation(a, 30, kVocab));
+    EXPECT_EQ(outputs[overlap][1], std::vector<int32_t>(expected_b.begin(), expected_b.begin() + 7));
+    EXPECT_EQ(outputs[overlap][2].size(), 25u);
+    EXPECT_EQ(fake->placeholder_ids > 0, overlap);
+    EXPECT_EQ(fake->overlapped_starts > 0, overlap);
+    EXPECT_TRUE(engine.wait_idle(std::chrono::seconds(5)));
+    auto s = engine.stats();
+    EXPECT_EQ(s.free_pages + s.evictable_pages, s.total_pages);
+  }
+  EXPECT_EQ(outputs[1], outputs[0]);
+}
+
 TEST(Engine, GreedyStepsReturnIdsOnlyAndOtherStepsFullLogits) {
   auto c = small_config();
   auto model = std::make_unique<FakeModel>(c.scheduler.num_pages * c.scheduler.page_size, kVocab);
@@ -159,9 +196,9 @@ class PoisonedModel : public FakeModel {
     check(b);
     return FakeModel::forward(b);
   }
-  std::vector<int32_t> forward_greedy(const ForwardBatch& b) override {
+  void start_step(const ForwardBatch& b, const std::vector<RowSampling>* rows) override {
     check(b);
-    return FakeModel::forward_greedy(b);
+    FakeModel::start_step(b, rows);
   }
 
  private:

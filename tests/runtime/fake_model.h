@@ -6,6 +6,7 @@
 // row changes its output. The expected output is computed independently by
 // hashing the plain token sequence.
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <stdexcept>
 #include <vector>
@@ -47,21 +48,39 @@ class FakeModel : public ModelRunner {
     return logits;
   }
 
-  // The same tokens as ids, as a device-side argmax returns them.
-  std::vector<int32_t> forward_greedy(const ForwardBatch& b) override {
-    ++greedy_steps;
-    return run(b);
-  }
-
-  // forward()'s rows drawn with the CPU reference of Backend::sample_rows.
-  std::vector<int32_t> forward_sampled(const ForwardBatch& b, const std::vector<RowSampling>& rows) override {
-    ++sampled_steps;
-    if (rows.size() != b.logit_rows.size()) throw std::runtime_error("fake model: sampling rows != logits rows");
-    Tensor logits = forward(b);
-    --logits_steps;
+  // The same tokens as ids (rows null, as a device-side argmax returns
+  // them) or forward()'s rows drawn with the CPU reference of
+  // Backend::sample_rows. Placeholder ids are resolved from the previous
+  // started step's picks, as the device does; the results wait for
+  // finish_step.
+  void start_step(const ForwardBatch& b, const std::vector<RowSampling>* rows) override {
+    if (started_.size() >= 2) throw std::runtime_error("fake model: two steps are started already");
+    if (!started_.empty()) ++overlapped_starts;
+    ForwardBatch resolved = b;
+    for (int32_t& id : resolved.input_ids) {
+      if (id >= 0) continue;
+      ++placeholder_ids;
+      id = picked_.at(size_t(-1 - id));
+    }
     std::vector<int32_t> ids;
-    for (size_t r = 0; r < rows.size(); ++r)
-      ids.push_back(cpu::sample_row(logits.data<float>() + r * size_t(vocab_), vocab_, rows[r]));
+    if (!rows) {
+      ++greedy_steps;
+      ids = run(resolved);
+    } else {
+      ++sampled_steps;
+      if (rows->size() != b.logit_rows.size()) throw std::runtime_error("fake model: sampling rows != logits rows");
+      Tensor logits = forward(resolved);
+      --logits_steps;
+      for (size_t r = 0; r < rows->size(); ++r)
+        ids.push_back(cpu::sample_row(logits.data<float>() + r * size_t(vocab_), vocab_, (*rows)[r]));
+    }
+    picked_ = ids;
+    started_.push_back(std::move(ids));
+  }
+  std::vector<int32_t> finish_step() override {
+    if (started_.empty()) throw std::runtime_error("fake model: no step is started");
+    std::vector<int32_t> ids = std::move(started_.front());
+    started_.pop_front();
     return ids;
   }
 
@@ -69,6 +88,8 @@ class FakeModel : public ModelRunner {
   int logits_steps = 0;
   int greedy_steps = 0;
   int sampled_steps = 0;
+  int placeholder_ids = 0;    // input ids resolved from the previous step's picks
+  int overlapped_starts = 0;  // steps started while another was started
   int max_batch_tokens = 0;
   int max_batch_seqs = 0;
 
@@ -100,6 +121,8 @@ class FakeModel : public ModelRunner {
 
   std::vector<int32_t> cache_;
   int vocab_;
+  std::vector<int32_t> picked_;
+  std::deque<std::vector<int32_t>> started_;
 };
 
 // Token id -> a fixed two-letter string, so stop strings can straddle tokens.

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <deque>
 #include <map>
 #include <optional>
 #include <random>
@@ -86,6 +87,42 @@ struct Harness {
     ASSERT_FALSE(sched.has_work());
   }
 
+  // As the engine runs with overlapped decode: while a device-picked step
+  // runs, the step after it is started from its picks on the "device"
+  // (continue_decode); without one, the next step is built from its tokens.
+  // Without greedy_ids every step takes the host path, and none is continued.
+  void run_continued() {
+    using Path = ScheduledBatch::SamplingPath;
+    std::deque<ScheduledBatch> started;
+    auto start = [&](std::optional<ScheduledBatch> b) {
+      if (!b) return;
+      if (!greedy_ids) b->sampling = Path::HostLogits;
+      if (b->sampling != Path::HostLogits)
+        model.start_step(b->forward, b->sampling == Path::DeviceSample ? &b->device_rows : nullptr);
+      started.push_back(std::move(*b));
+    };
+    for (int guard = 0; sched.has_work() || !started.empty(); ++guard) {
+      ASSERT_LT(guard, 100000) << "scheduler made no progress";
+      if (started.empty()) start(sched.next_batch());
+      ASSERT_FALSE(started.empty()) << "work left but nothing scheduled";
+      if (started.size() == 1) start(sched.continue_decode(started.front()));
+      ScheduledBatch done = std::move(started.front());
+      started.pop_front();
+      auto sampled = done.sampling == Path::HostLogits ? sched.sample(done, model.forward(done.forward))
+                                                       : sched.sample_ids(done, model.finish_step());
+      if (started.empty()) start(sched.next_batch());
+      sched.postprocess(sampled);
+      sched.check_invariants();
+    }
+  }
+
+  enum class Mode { Plain, Overlapped, Continued };
+  void run(Mode mode) {
+    if (mode == Mode::Plain) run();
+    if (mode == Mode::Overlapped) run_overlapped();
+    if (mode == Mode::Continued) run_continued();
+  }
+
   std::vector<int32_t> tokens(uint64_t id) {
     std::vector<int32_t> t;
     for (auto& o : outputs[id]) t.insert(t.end(), o.token_ids.begin(), o.token_ids.end());
@@ -116,7 +153,7 @@ std::vector<int32_t> random_prompt(std::mt19937& rng, const std::vector<int32_t>
 
 TEST(Scheduler, ContinuousBatchingUnderMemoryPressureGivesExactOutputs) {
   for (bool greedy_ids : {true, false}) {
-  for (bool overlap : {false, true}) {
+  for (auto mode : {Harness::Mode::Plain, Harness::Mode::Overlapped, Harness::Mode::Continued}) {
   for (int page_size : {1, 4}) {
     for (bool radix : {true, false}) {
       SchedulerConfig c;
@@ -139,11 +176,7 @@ TEST(Scheduler, ContinuousBatchingUnderMemoryPressureGivesExactOutputs) {
         prompts[id] = prompt;
         max_new[id] = n;
       }
-      if (overlap) {
-        h.run_overlapped();
-      } else {
-        h.run();
-      }
+      h.run(mode);
       for (auto& [id, prompt] : prompts) {
         EXPECT_EQ(h.tokens(id), expected_continuation(prompt, max_new[id], kVocab)) << "request " << id;
         EXPECT_EQ(h.last(id).finish, FinishReason::Length);
@@ -160,6 +193,8 @@ TEST(Scheduler, ContinuousBatchingUnderMemoryPressureGivesExactOutputs) {
       EXPECT_LE(h.model.max_batch_seqs, 8);
       EXPECT_EQ(h.model.greedy_steps > 0, greedy_ids);
       EXPECT_EQ(h.model.logits_steps > 0, !greedy_ids);
+      // Once the queue is empty, decode steps start from the device's picks.
+      EXPECT_EQ(h.model.placeholder_ids > 0, greedy_ids && mode == Harness::Mode::Continued);
     }
   }
   }
@@ -282,7 +317,7 @@ TEST(Scheduler, ChunkedPrefillMixesWithDecode) {
 }
 
 TEST(Scheduler, StopTokensEosAndStopStrings) {
-  for (bool overlap : {false, true}) {
+  for (auto mode : {Harness::Mode::Plain, Harness::Mode::Overlapped, Harness::Mode::Continued}) {
   SchedulerConfig c;
   c.num_pages = 256;
   std::vector<int32_t> prompt = {5, 6, 7};
@@ -306,11 +341,7 @@ TEST(Scheduler, StopTokensEosAndStopStrings) {
   std::string stop = full.substr(11, 2);
   by_str_params.stop = {stop};
   uint64_t by_str = h.add(prompt, by_str_params);
-  if (overlap) {
-    h.run_overlapped();
-  } else {
-    h.run();
-  }
+  h.run(mode);
 
   EXPECT_EQ(h.tokens(eos), std::vector<int32_t>(expected.begin(), expected.begin() + 5));
   EXPECT_EQ(h.last(eos).finish, FinishReason::Stop);
@@ -322,6 +353,7 @@ TEST(Scheduler, StopTokensEosAndStopStrings) {
   EXPECT_EQ(h.last(by_str).finish, FinishReason::Stop);
   EXPECT_EQ(h.text(by_str), full.substr(0, full.find(stop)));
   EXPECT_EQ(h.last(by_str).matched_stop_string, stop);
+  if (mode == Harness::Mode::Continued) EXPECT_GT(h.model.overlapped_starts, 0);
   for (auto& [id, outs] : h.outputs) {
     int finals = 0;
     for (auto& o : outs) finals += o.finished();
@@ -331,6 +363,53 @@ TEST(Scheduler, StopTokensEosAndStopStrings) {
   auto st = h.sched.stats();
   EXPECT_EQ(st.free_pages + st.evictable_pages, st.total_pages);
   }
+}
+
+// continue_decode: the step after a started one names its picks (-1 - row)
+// at the next positions; none while a request waits or when every request
+// ends by length at the started step.
+TEST(Scheduler, ContinuedStepsNameTheStartedStepsPicks) {
+  SchedulerConfig c;
+  c.num_pages = 64;
+  c.page_size = 4;
+  c.max_running_requests = 2;
+  Harness h(c);
+  const std::vector<int32_t> a = {1, 2, 3}, b = {4, 5, 6, 7, 8};
+  const uint64_t ida = h.add(a, greedy(6)), idb = h.add(b, greedy(6));
+  auto first = h.sched.next_batch();
+  ASSERT_TRUE(first);
+  h.model.start_step(first->forward, nullptr);
+  auto next = h.sched.continue_decode(*first);
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->forward.input_ids, (std::vector<int32_t>{-1, -2}));
+  EXPECT_EQ(next->forward.positions, (std::vector<int32_t>{3, 5}));
+  EXPECT_EQ(next->forward.kv_indptr, (std::vector<int32_t>{0, 4, 10}));
+  EXPECT_EQ(next->num_decode, 2);
+  h.model.start_step(next->forward, nullptr);
+  auto sampled = h.sched.sample_ids(*first, h.model.finish_step());
+  h.sched.postprocess(sampled);
+  sampled = h.sched.sample_ids(*next, h.model.finish_step());
+  h.sched.postprocess(sampled);
+  EXPECT_EQ(h.tokens(ida), expected_continuation(a, 2, kVocab));
+  EXPECT_EQ(h.tokens(idb), expected_continuation(b, 2, kVocab));
+  h.sched.check_invariants();
+
+  // A waiting request is admitted by a step built on the host.
+  h.add({9, 9}, greedy(3));
+  auto third = h.sched.next_batch();
+  ASSERT_TRUE(third);
+  h.model.start_step(third->forward, nullptr);
+  EXPECT_FALSE(h.sched.continue_decode(*third));
+  h.sched.postprocess(sampled = h.sched.sample_ids(*third, h.model.finish_step()));
+
+  // One new token left: the started step ends the request.
+  Harness last(c);
+  last.add(a, greedy(1));
+  auto only = last.sched.next_batch();
+  last.model.start_step(only->forward, nullptr);
+  EXPECT_FALSE(last.sched.continue_decode(*only));
+  last.sched.postprocess(sampled = last.sched.sample_ids(*only, last.model.finish_step()));
+  EXPECT_FALSE(last.sched.has_work());
 }
 
 TEST(Scheduler, AbortFreesPagesWaitingAndRunning) {
