@@ -124,13 +124,24 @@ bool chain_runs(const ModelConfig& c, const CudaBackend& gpu) {
   return mla_decode_chain_applies(shape, gpu.sm_count());
 }
 
-TEST(MlaDecodeChain, MatchesTheOpByOpPathAndTheCpuReference) {
-  MLA_SKIP_WITHOUT_GPU();
+// The suite's preamble: a CUDA backend on a GPU where the chain kernel runs
+// at V2-Lite's widths (every test skips elsewhere).
+class MlaDecodeChain : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MLA_SKIP_WITHOUT_GPU();
+    backend_ = make_cuda_backend(0);
+    ASSERT_TRUE(backend_);
+    gpu_ = &dynamic_cast<CudaBackend&>(*backend_);
+    if (!chain_runs(v2_lite(), *gpu_)) GTEST_SKIP() << "the chain kernel needs a Hopper GPU";
+  }
+  std::unique_ptr<Backend> backend_;
+  CudaBackend* gpu_ = nullptr;
+};
+
+TEST_F(MlaDecodeChain, MatchesTheOpByOpPathAndTheCpuReference) {
   const ModelConfig c = v2_lite();
-  auto gpu_backend = make_cuda_backend(0);
-  ASSERT_TRUE(gpu_backend);
-  auto& gpu = dynamic_cast<CudaBackend&>(*gpu_backend);
-  if (!chain_runs(c, gpu)) GTEST_SKIP() << "the chain kernel needs a Hopper GPU";
+  CudaBackend& gpu = *gpu_;
   auto cpu = make_cpu_backend();
   std::mt19937 rng(11);
   const RandomMla weights(c, rng);
@@ -188,13 +199,9 @@ TEST(MlaDecodeChain, MatchesTheOpByOpPathAndTheCpuReference) {
 // rms_norm (with the residual) and the op-by-op attention: the same output
 // up to summation order, and the same residual stream bit for bit (both
 // round residual + x to bf16 once).
-TEST(MlaDecodeChain, NormHeadMatchesRmsNormThenTheOps) {
-  MLA_SKIP_WITHOUT_GPU();
+TEST_F(MlaDecodeChain, NormHeadMatchesRmsNormThenTheOps) {
   const ModelConfig c = v2_lite();
-  auto gpu_backend = make_cuda_backend(0);
-  ASSERT_TRUE(gpu_backend);
-  auto& gpu = dynamic_cast<CudaBackend&>(*gpu_backend);
-  if (!chain_runs(c, gpu)) GTEST_SKIP() << "the chain kernel needs a Hopper GPU";
+  CudaBackend& gpu = *gpu_;
   std::mt19937 rng(31);
   const RandomMla weights(c, rng);
   const MlaWeights w_gpu = weights.on(gpu);
@@ -239,15 +246,11 @@ TEST(MlaDecodeChain, NormHeadMatchesRmsNormThenTheOps) {
 // the normed row against the op-by-op path (attention, rms_norm), and the
 // routing against the CPU backend's moe_select on the kernel's own normed
 // row (so a near-tie between the two paths' rows cannot flip the check).
-TEST(MlaDecodeChain, MoeTailMatchesTheNormAndTheRouter) {
-  MLA_SKIP_WITHOUT_GPU();
+TEST_F(MlaDecodeChain, MoeTailMatchesTheNormAndTheRouter) {
   const ModelConfig c = v2_lite();
-  auto gpu_backend = make_cuda_backend(0);
-  ASSERT_TRUE(gpu_backend);
-  auto& gpu = dynamic_cast<CudaBackend&>(*gpu_backend);
+  CudaBackend& gpu = *gpu_;
   const int E = c.n_routed_experts, k = c.num_experts_per_tok;
-  if (!chain_runs(c, gpu) || !mla_decode_chain_routes(E, gpu.sm_count()))
-    GTEST_SKIP() << "the chain kernel needs a Hopper GPU";
+  if (!mla_decode_chain_routes(E, gpu.sm_count())) GTEST_SKIP() << "fewer SMs than routed experts";
   auto cpu = make_cpu_backend();
   std::mt19937 rng(23);
   const RandomMla weights(c, rng);
@@ -325,8 +328,7 @@ TEST(MlaDecodeChain, MoeTailMatchesTheNormAndTheRouter) {
 // decode steps as one kernel (with the MoE layer's start in the second),
 // eager and replayed from a graph captured at a shorter context, against
 // the op-by-op steps.
-TEST(MlaDecodeChain, ModelStepsEagerAndReplayedMatchTheOpByOpSteps) {
-  MLA_SKIP_WITHOUT_GPU();
+TEST_F(MlaDecodeChain, ModelStepsEagerAndReplayedMatchTheOpByOpSteps) {
   ModelConfig c = v2_lite();
   c.num_hidden_layers = 2;
   c.first_k_dense_replace = 1;
@@ -337,10 +339,8 @@ TEST(MlaDecodeChain, ModelStepsEagerAndReplayedMatchTheOpByOpSteps) {
   c.vocab_size = 512;
   c.num_nextn_predict_layers = 0;
   mlaserve::testing::TempCheckpoint ckpt(c, "v2_lite_width_two_layers", 9);
-  auto backend = make_cuda_backend(0);
-  ASSERT_TRUE(backend);
-  auto& gpu = dynamic_cast<CudaBackend&>(*backend);
-  if (!chain_runs(c, gpu)) GTEST_SKIP() << "the chain kernel needs a Hopper GPU";
+  Backend* backend = backend_.get();
+  CudaBackend& gpu = *gpu_;
   DeepseekModel model(ckpt.get(), *backend, {MlaMode::Auto, false});
   constexpr int kPrompt = 200, kSteps = 4, kSlots = 256;
   auto ops_cache = allocate_kv_cache(*backend, model.config(), kSlots);
