@@ -65,6 +65,11 @@ struct Bf16Stacks {
   // One token: the down kernel requests its first weights before its PDL
   // wait (v2-lite bs 1, H100: 2.48 against 2.51 ms a step).
   static constexpr bool kEarlyDownWeights = true;
+  // One token: the shared experts' gate_up blocks request their first
+  // weights before the PDL wait (v2-lite bs 1, H100, two calls: 2.343
+  // against 2.357 ms a step, 2.351 against 2.378). It takes the kernel from
+  // 80 to 127 registers; capping it at 80 (6 blocks an SM) spills: 2.70.
+  static constexpr bool kEarlySharedGateUp = true;
   const __nv_bfloat16 *gate_up, *down;
 
   __device__ const uint8_t* gate_up_row(int e, int col, bool up, int I, int D) const {
@@ -97,6 +102,8 @@ struct Fp8Stacks {
   // to 174 and an SM from two blocks to one (v3-slice bs 1, H100: 1.87
   // against 1.84 ms a step).
   static constexpr bool kEarlyDownWeights = false;
+  // Nothing launches it early: the decode chain runs at V2-Lite's widths.
+  static constexpr bool kEarlySharedGateUp = false;
   const uint8_t *gate_up, *down;
   const float *gate_up_scale_, *down_scale_;
 
@@ -182,37 +189,26 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
   constexpr int kE = Stacks::kElems, kUnroll = 8 / kCols;
   __shared__ int s_slot[kMaxTok];
   __shared__ int s_n;
-  // The routing and x come from the kernel before. The down kernel may
-  // launch only after this wait: it may read the routing before its own.
-  pdl_wait();
-  pdl_launch_dependents();
-  if (blockIdx.x == 0 && blockIdx.y == 0)
-    for (int i = threadIdx.x; i < a.down_tiles; i += blockDim.x) a.tile_arrivals[i] = 0;
-  const int slot0 = blockIdx.y, per_token = a.slots.per_token(), total = a.num_tokens * per_token;
-  const int expert = a.slots.expert(slot0);
+  const int per_token = a.slots.per_token(), total = a.num_tokens * per_token;
+  // With one token (bf16 stacks) the shared slots come first (a rotation of
+  // the slots): their experts are known without the routing, so their blocks
+  // request the first round of weights before the wait, while the decode
+  // chain's route phase leaves DRAM idle (it lets this kernel launch then).
+  constexpr bool kEarlyShared = Stacks::kEarlySharedGateUp && kMaxTok == 1;
+  const int slot0 = kEarlyShared ? (int(blockIdx.y) + a.slots.top_k) % total : int(blockIdx.y);
+  const bool early = kEarlyShared && slot0 % per_token >= a.slots.top_k;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  gather_expert_slots<kMaxTok>(a.slots, slot0, total, s_slot, &s_n);
-  const int n = s_n;
   const int col0 = (blockIdx.x * kSmallGateUpWarps + warp) * kCols;
-  if (n == 0 || col0 >= a.inter) return;
-
   const int D = a.hidden, I = a.inter, chunks = D / kE;
-  int slot[kMaxTok];
-  const __nv_bfloat16* xrow[kMaxTok];
-#pragma unroll
-  for (int t = 0; t < kMaxTok; ++t) {
-    slot[t] = t < n ? s_slot[t] : slot0;
-    xrow[t] = a.x + int64_t(slot[t] / per_token) * D;
-  }
   const uint8_t* row[kCols][2];
+  auto set_rows = [&](int expert) {
 #pragma unroll
-  for (int c = 0; c < kCols; ++c)
+    for (int c = 0; c < kCols; ++c)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) row[c][h] = a.w.gate_up_row(expert, min(col0 + c, I - 1), h == 1, I, D);
-
-  float acc[kCols][2][kMaxTok] = {};
-  for (int k0 = 0; k0 < chunks; k0 += 32 * kUnroll) {
-    uint4 wv[kCols][2][kUnroll];
+      for (int h = 0; h < 2; ++h) row[c][h] = a.w.gate_up_row(expert, min(col0 + c, I - 1), h == 1, I, D);
+  };
+  uint4 wv[kCols][2][kUnroll];
+  auto load_round = [&](int k0) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int kc = k0 + u * 32 + lane;
@@ -222,6 +218,34 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
         for (int h = 0; h < 2; ++h)
           wv[c][h][u] = kc < chunks ? load_weights_16(row[c][h] + int64_t(kc) * 16) : make_uint4(0, 0, 0, 0);
     }
+  };
+  if (early && col0 < I) {
+    set_rows(a.slots.num_experts + slot0 % per_token - a.slots.top_k);
+    load_round(0);
+  }
+  // The routing and x come from the kernel before. The down kernel may
+  // launch only after this wait: it may read the routing before its own.
+  pdl_wait();
+  pdl_launch_dependents();
+  if (blockIdx.x == 0 && blockIdx.y == 0)
+    for (int i = threadIdx.x; i < a.down_tiles; i += blockDim.x) a.tile_arrivals[i] = 0;
+  const int expert = a.slots.expert(slot0);
+  gather_expert_slots<kMaxTok>(a.slots, slot0, total, s_slot, &s_n);
+  const int n = s_n;
+  if (n == 0 || col0 >= a.inter) return;
+
+  int slot[kMaxTok];
+  const __nv_bfloat16* xrow[kMaxTok];
+#pragma unroll
+  for (int t = 0; t < kMaxTok; ++t) {
+    slot[t] = t < n ? s_slot[t] : slot0;
+    xrow[t] = a.x + int64_t(slot[t] / per_token) * D;
+  }
+  if (!early) set_rows(expert);
+
+  float acc[kCols][2][kMaxTok] = {};
+  for (int k0 = 0; k0 < chunks; k0 += 32 * kUnroll) {
+    if (!early || k0 > 0) load_round(k0);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int kc = k0 + u * 32 + lane;
