@@ -18,6 +18,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -163,6 +164,11 @@ def bench(binary, work, layers, output_len):
             lines = [l for l in out if l.startswith(("Prefill.", "Decode.  median", "Decode step reads"))]
             print(f"bench-one-batch v2-lite x{layers} bs {bs} graphs={'on ' if graphs else 'off'}: "
                   + " | ".join(lines), flush=True)
+    # The engine loads a tokenizer with the model (bench_model_cuda's
+    # checkpoints, which check_and_bench links here, come without one).
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        if not os.path.exists(os.path.join(model, f)):
+            shutil.copy(os.path.join(ROOT, "assets", "tokenizer", f), model)
     ids = ",".join(str(7 + i % 1000) for i in range(512))
     for rnd in range(2):
         for overlap in (True, False):
