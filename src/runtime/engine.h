@@ -5,11 +5,12 @@
 //
 // Overlap: a step whose rows need neither penalties nor logprobs
 // (ScheduledBatch::sampling) has its tokens picked on the device, and only
-// the ids come back. When every running request is decoding, the step after
-// it is built and started before its ids reach the host
-// (Scheduler::continue_decode): its input ids name the picks on the device,
-// so the GPU goes from step to step without waiting for the host (SGLang's
-// overlap scheduler; --disable-overlap-schedule turns it off). Otherwise,
+// the ids come back. When every running request is decoding and no waiting
+// one could be admitted, the step after it is built and started before its
+// ids reach the host (Scheduler::continue_decode): its input ids name the
+// picks on the device, so the GPU goes from step to step without waiting
+// for the host (SGLang's overlap scheduler; --disable-overlap-schedule turns
+// it off). Otherwise,
 // when step N's tokens arrive, the engine samples them, builds and starts
 // step N+1, and only then detokenizes, matches stop strings and reports N's
 // tokens, while N+1 runs. A request ended by a stop token or string keeps a

@@ -383,7 +383,10 @@ void Scheduler::finish_building(ScheduledBatch& b) {
 }
 
 std::optional<ScheduledBatch> Scheduler::continue_decode(const ScheduledBatch& started) {
-  if (started.sampling == ScheduledBatch::SamplingPath::HostLogits || !waiting_.empty() || running_.empty())
+  // Waiting requests wait for a host-built step only where one could admit
+  // them: not while the running set is full.
+  const bool can_admit = !waiting_.empty() && int(running_.size()) < config_.max_running_requests;
+  if (started.sampling == ScheduledBatch::SamplingPath::HostLogits || can_admit || running_.empty())
     return std::nullopt;
   std::unordered_map<const Request*, int> row_of;  // each request's logits row in `started`
   for (const auto& e : started.entries) row_of[e.request] = e.logit_row;

@@ -101,8 +101,9 @@ class Scheduler {
   // before its tokens reach the host: every running request decodes the
   // token `started` picks for it, named by a placeholder input id (-1 - its
   // logits row; ModelRunner::start_step). None when that is not the next
-  // step: some request is waiting, aborted, not in `started` or mid-prefill,
-  // or a page is short. A request that `started` ends by length is left
+  // step: a waiting request could be admitted (fewer than
+  // max_running_requests run), or some request is aborted, not in `started`
+  // or mid-prefill, or a page is short. A request that `started` ends by length is left
   // out; one it ends by a stop token keeps a row that is dropped unsampled.
   std::optional<ScheduledBatch> continue_decode(const ScheduledBatch& started);
 

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "fake_model.h"
@@ -92,18 +94,56 @@ TEST(Engine, ConcurrentSubmittersAndAborts) {
   EXPECT_EQ(s.free_pages + s.evictable_pages, s.total_pages);
 }
 
+namespace {
+
+// Holds every model step until open(): nothing finishes before the test
+// says so, however the threads are scheduled.
+class GatedModel : public FakeModel {
+ public:
+  using FakeModel::FakeModel;
+  Tensor forward(const ForwardBatch& b) override {
+    wait();
+    return FakeModel::forward(b);
+  }
+  void start_step(const ForwardBatch& b, const std::vector<RowSampling>* rows) override {
+    wait();
+    FakeModel::start_step(b, rows);
+  }
+  void open() {
+    {
+      std::lock_guard lk(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void wait() {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return open_; });
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+}  // namespace
+
 TEST(Engine, RejectsBadRequestsAndFullQueues) {
   auto c = small_config();
   c.max_queued_requests = 1;
   c.scheduler.max_running_requests = 1;
-  auto engine = make_engine(c);
+  auto model = std::make_unique<GatedModel>(c.scheduler.num_pages * c.scheduler.page_size, kVocab);
+  GatedModel* gate = model.get();
+  auto engine = std::make_unique<Engine>(std::move(model), c);
   EXPECT_THROW(engine->submit(greedy({}, 1)), Error);
   EXPECT_THROW(engine->submit(greedy({kVocab}, 1)), Error);
   EXPECT_THROW(engine->submit(greedy(std::vector<int32_t>(512, 1), 1)), Error);  // no room for one new token
   auto bad = greedy({1}, 1);
   bad.params.top_p = 2;
   EXPECT_THROW(engine->submit(std::move(bad)), Error);
-  // Two slow requests fill running + queue; the third is turned away.
+  // Two requests fill running + queue (the model holds their steps); the
+  // third is turned away.
   std::atomic<int> done{0};
   auto counting = [&](int n) {
     auto g = greedy({1, 2}, n);
@@ -115,6 +155,7 @@ TEST(Engine, RejectsBadRequestsAndFullQueues) {
   EXPECT_THROW(engine->submit(counting(1)), QueueFullError);
   engine->abort(a);
   engine->abort(b);
+  gate->open();
   EXPECT_TRUE(engine->drain(std::chrono::seconds(5)));
   EXPECT_EQ(done, 2);
   EXPECT_THROW(engine->submit(counting(1)), QueueFullError);  // draining

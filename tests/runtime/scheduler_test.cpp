@@ -366,8 +366,9 @@ TEST(Scheduler, StopTokensEosAndStopStrings) {
 }
 
 // continue_decode: the step after a started one names its picks (-1 - row)
-// at the next positions; none while a request waits or when every request
-// ends by length at the started step.
+// at the next positions, also while requests wait for a full running set;
+// none while a waiting request could be admitted or when every request ends
+// by length at the started step.
 TEST(Scheduler, ContinuedStepsNameTheStartedStepsPicks) {
   SchedulerConfig c;
   c.num_pages = 64;
@@ -394,13 +395,32 @@ TEST(Scheduler, ContinuedStepsNameTheStartedStepsPicks) {
   EXPECT_EQ(h.tokens(idb), expected_continuation(b, 2, kVocab));
   h.sched.check_invariants();
 
-  // A waiting request is admitted by a step built on the host.
+  // A request waiting while the running set is full (two of two): the
+  // decode steps go on from the device's picks.
   h.add({9, 9}, greedy(3));
   auto third = h.sched.next_batch();
   ASSERT_TRUE(third);
+  EXPECT_EQ(third->entries.size(), 2u);
   h.model.start_step(third->forward, nullptr);
-  EXPECT_FALSE(h.sched.continue_decode(*third));
+  auto fourth = h.sched.continue_decode(*third);
+  ASSERT_TRUE(fourth);
+  h.model.start_step(fourth->forward, nullptr);
   h.sched.postprocess(sampled = h.sched.sample_ids(*third, h.model.finish_step()));
+  h.sched.postprocess(sampled = h.sched.sample_ids(*fourth, h.model.finish_step()));
+  EXPECT_EQ(h.tokens(ida), expected_continuation(a, 4, kVocab));
+  h.sched.check_invariants();
+
+  // With room to run it, a waiting request is admitted by a step built on
+  // the host.
+  SchedulerConfig roomy_config = c;
+  roomy_config.max_running_requests = 3;
+  Harness roomy(roomy_config);
+  roomy.add(a, greedy(6));
+  auto started = roomy.sched.next_batch();
+  roomy.model.start_step(started->forward, nullptr);
+  roomy.add(b, greedy(6));
+  EXPECT_FALSE(roomy.sched.continue_decode(*started));
+  roomy.sched.postprocess(sampled = roomy.sched.sample_ids(*started, roomy.model.finish_step()));
 
   // One new token left: the started step ends the request.
   Harness last(c);
