@@ -206,10 +206,11 @@ __device__ void load_constants(const MlaDecodeChainParams& p, Misc& m, bool late
 // The lane's kChunks 16-byte chunks of h (c * 256 + lane * 8), through
 // m.row: loaded, or with a norm head formed as rms_norm does (r = bf16(
 // residual + x), h = bf16(r * rsqrt(mean(r^2) + eps) * w)), 8 values a
-// thread in place of the weight's chunk that thread loaded. (Every warp
-// norming the whole row itself made the step slower than the separate norm
-// kernel.)
-__device__ __forceinline__ void load_h(const MlaDecodeChainParams& p, Misc& m, uint4 (&h)[kChunks]) {
+// thread in place of the weight's chunk that thread loaded; `sum` gets the
+// thread's 8 values of r, for the block that writes them back (no block may
+// before the first barrier: all read in_residual). (Every warp norming the
+// whole row itself made the step slower than the separate norm kernel.)
+__device__ __forceinline__ void load_h(const MlaDecodeChainParams& p, Misc& m, uint4 (&h)[kChunks], Bf16x8& sum) {
   static_assert(kD == 8 * kThreads, "8 hidden values a thread");
   const int i0 = threadIdx.x * 8;
   if (!p.x) {
@@ -223,7 +224,8 @@ __device__ __forceinline__ void load_h(const MlaDecodeChainParams& p, Misc& m, u
     b.to_float(r);
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[j] += r[j];
-    Bf16x8::from_float(v).to_float(v);  // the residual stream's bf16 values
+    sum = Bf16x8::from_float(v);
+    sum.to_float(v);  // the residual stream's bf16 values
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < 8; ++j) ss += v[j] * v[j];
@@ -237,22 +239,6 @@ __device__ __forceinline__ void load_h(const MlaDecodeChainParams& p, Misc& m, u
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) h[c] = *reinterpret_cast<const uint4*>(m.row + c * 256 + lane * 8);
-}
-
-// After the first barrier (no block reads in_residual any more): one block
-// writes in_residual += x.
-__device__ void write_input_residual(const MlaDecodeChainParams& p) {
-  static_assert(kD == 8 * kThreads, "8 hidden values a thread");
-  const int i0 = threadIdx.x * 8;
-  float v[8], r[8];
-  Bf16x8 a, b;
-  *reinterpret_cast<uint4*>(&a) = load_cg(p.x + i0);
-  *reinterpret_cast<uint4*>(&b) = load_cg(p.in_residual + i0);
-  a.to_float(v);
-  b.to_float(r);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] += r[j];
-  Bf16x8::from_float(v).store(p.in_residual + i0);
 }
 
 __device__ __forceinline__ void rotate_pair(const __nv_bfloat16* src, const float* cs, int i, __nv_bfloat16* dst) {
@@ -676,9 +662,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   const unsigned long long base = tid == 0 ? barrier_base(p.barrier) : 0;
 
   // 1. qkv rows.
+  Bf16x8 input_residual;  // in_residual + x, this thread's 8 values (norm head)
   {
     uint4 x[kChunks];
-    load_h(p, misc, x);
+    load_h(p, misc, x, input_residual);
     sm90::mbar_wait(&bars[0], 0);
     rows_times_vector<kD>(qkv_w, qkv_n, x, s.qkv + qkv0);
   }
@@ -693,11 +680,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   grid_barrier(p.barrier, base + grid);
 
   // 2. q_nope · W_UK and the q_pe rope; the latent write; the input residual
-  // (a block past the W_UK units where the grid has one).
+  // (a block past the W_UK units where the grid has one: no block reads
+  // in_residual after the first barrier).
   if (uk_n) sm90::mbar_wait(&bars[1], 0);
   for (int i = 0, u = b; u < kUkUnits; ++i, u += grid) uk_unit(s, u, uk_w + i * kDn * kUkCols, misc);
   if (b == grid - 1) latent_write(p, s, misc);
-  if (p.x && b == max(0, grid - 2)) write_input_residual(p);
+  if (p.x && b == max(0, grid - 2)) input_residual.store(p.in_residual + tid * 8);
   grid_barrier(p.barrier, base + 2 * grid);
 
   // 3. Attention over this block's split.
