@@ -10,12 +10,11 @@
 // ids reach the host (Scheduler::continue_decode): its input ids name the
 // picks on the device, so the GPU goes from step to step without waiting
 // for the host (SGLang's overlap scheduler; --disable-overlap-schedule turns
-// it off). Otherwise,
-// when step N's tokens arrive, the engine samples them, builds and starts
-// step N+1, and only then detokenizes, matches stop strings and reports N's
-// tokens, while N+1 runs. A request ended by a stop token or string keeps a
-// row in the step already started, which is dropped unsampled. New requests
-// and aborts are taken in between steps.
+// it off). Otherwise, when step N's tokens arrive, the engine samples them,
+// builds and starts step N+1, and only then detokenizes, matches stop strings
+// and reports N's tokens, while N+1 runs. A request ended by a stop token or
+// string keeps a row in the step already started, which is dropped
+// unsampled. New requests and aborts are taken in between steps.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
