@@ -26,10 +26,12 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/fp8_kv_cache.h"
 #include "kernels/cuda/fp8_linear.h"
-#include "kernels/cuda/fp8_mla_bmm.h"
 #include "kernels/cuda/fp8_moe.h"
 #include "kernels/cuda/fp8_quant.h"
 #include "kernels/cuda/fp8_random_fill.h"
+#include "kernels/cuda/gemm_cublaslt.h"
+#include "kernels/cuda/head_bmm_fp8.h"
+#include "kernels/cuda/head_bmm_small.h"
 #include "kernels/cuda/grouped_gemm_sm90.h"
 #include "kernels/cuda/random_fill.h"
 
@@ -245,49 +247,49 @@ void BM_Fp8Moe(benchmark::State& state) {
 
 // ---- MLA absorbed BMMs -----------------------------------------------------------
 
-struct MlaBench {
-  Fp8MlaShape shape{kHeads, kNope, kV, kLora};
-  DeviceFp8Weight kv_b{1, int64_t(kHeads) * (kNope + kV), kLora, 19};
-  DeviceBuffer w_uk_t{fp8_w_uk_t_bytes(shape)}, w_uk_t_s{fp8_w_uk_t_scale_count(shape) * 4};
-  Fp8MlaWeights weights;
-  MlaBench() {
-    fp8_repack_w_uk(shape, kv_b.q.get<uint8_t>(), kv_b.scale.get<float>(), w_uk_t.get<uint8_t>(),
-                    w_uk_t_s.get<float>(), nullptr);
-    weights.shape = shape;
-    weights.kv_b = kv_b.q.get<uint8_t>();
-    weights.kv_b_scale = kv_b.scale.get<float>();
-    weights.w_uk_t = w_uk_t.get<uint8_t>();
-    weights.w_uk_t_scale = w_uk_t_s.get<float>();
-  }
-};
-
-void BM_Fp8QAbsorb(benchmark::State& state) {
-  const int tokens = int(state.range(0)), q_stride = kNope + kRope;
-  MlaBench mla;
-  DeviceBuffer q(size_t(tokens) * kHeads * q_stride * 2), out(size_t(tokens) * kHeads * kLora * 2);
-  fill_random_bf16(q.get<__nv_bfloat16>(), size_t(tokens) * kHeads * q_stride, 21, nullptr);
-  DeviceBuffer workspace(fp8_mla_bmm_workspace_bytes(mla.shape, tokens));
-  const double s = run_timed(state, [&] {
-    fp8_q_absorb(mla.weights, q.get<__nv_bfloat16>(), q_stride, tokens, out.get<__nv_bfloat16>(), workspace.get(),
-                 nullptr);
-  });
-  const double weight_bytes = double(kHeads) * kNope * kLora;
-  report(state, s, weight_bytes + 2.0 * tokens * kHeads * (q_stride + kLora), weight_bytes,
-         2.0 * tokens * kHeads * kNope * kLora);
-}
-
-void BM_Fp8VUp(benchmark::State& state) {
+// The two products as the model runs them at V3 width, each call on its own
+// weight copy (copies cycled inside one CUDA graph, so weights come from
+// HBM and launches overlap by PDL as in a decode step). Args: tokens,
+// product (0: q_nope · W_UK into q{L + R} rows, 1: o_latent · W_UVᵀ), weights
+// (0: block-FP8 as the model keeps them, W_UK transposed per head,
+// head_bmm_fp8's choice; 1: the bf16 copy held before, W_UK {H, Dn, L}:
+// head_bmm_small / cuBLASLt; 2: block-FP8 on head_bmm_fp8's tensor-core kernel).
+void BM_MlaHeadBmm(benchmark::State& state) {
   const int tokens = int(state.range(0));
-  MlaBench mla;
-  DeviceBuffer o(size_t(tokens) * kHeads * kLora * 2), out(size_t(tokens) * kHeads * kV * 2);
-  fill_random_bf16(o.get<__nv_bfloat16>(), size_t(tokens) * kHeads * kLora, 23, nullptr);
-  DeviceBuffer workspace(fp8_mla_bmm_workspace_bytes(mla.shape, tokens));
-  const double s = run_timed(state, [&] {
-    fp8_v_up(mla.weights, o.get<__nv_bfloat16>(), tokens, out.get<__nv_bfloat16>(), workspace.get(), nullptr);
+  const bool uv = state.range(1) != 0, fp8 = state.range(2) != 1;
+  const HeadBmmFp8Path path = state.range(2) == 2 ? HeadBmmFp8Path::Mma : HeadBmmFp8Path::Auto;
+  const int64_t K = uv ? kLora : kNope, N = uv ? kV : kLora;  // FP8 weights {H, N, K}
+  const int64_t Kx = uv ? kLora : kNope + kRope, No = uv ? kV : kLora + kRope;
+  const int copies = fp8 ? 12 : 6;  // > 100 MB: more than L2
+  const size_t elems = size_t(kHeads) * N * K;
+  std::vector<DeviceFp8Weight> w8;
+  w8.reserve(copies);
+  DeviceBuffer w16(fp8 ? 0 : copies * elems * 2);
+  if (fp8)
+    for (int c = 0; c < copies; ++c) w8.emplace_back(1, kHeads * N, K, 31 + c);
+  else
+    fill_random_bf16(w16.get<__nv_bfloat16>(), copies * elems, 31, nullptr);
+  DeviceBuffer x(size_t(tokens) * kHeads * Kx * 2), out(size_t(tokens) * kHeads * No * 2);
+  fill_random_bf16(x.get<__nv_bfloat16>(), size_t(tokens) * kHeads * Kx, 37, nullptr);
+  CublasLtGemm gemm;
+  const auto* xp = x.get<__nv_bfloat16>();
+  auto* op = out.get<__nv_bfloat16>();
+  const double s = run_timed_graph(state, copies, [&](cudaStream_t stream, int i) {
+    if (fp8) {
+      const DeviceFp8Weight& w = w8[size_t(i)];
+      head_bmm_fp8(xp, w.q.get<uint8_t>(), w.scale.get<float>(), tokens, kHeads, Kx, K, N, op, No, stream, path);
+      return;
+    }
+    const __nv_bfloat16* wb = w16.get<__nv_bfloat16>() + size_t(i) * elems;
+    if (head_bmm_small_applies(wb, uv, tokens, K, N))
+      head_bmm_small(xp, wb, uv, tokens, kHeads, Kx, K, N, op, No, stream);
+    else
+      gemm.head_bmm(xp, wb, uv, tokens, kHeads, Kx, K, N, op, No, stream);
   });
-  const double weight_bytes = double(kHeads) * kV * kLora;
-  report(state, s, weight_bytes + 2.0 * tokens * kHeads * (kLora + kV), weight_bytes,
-         2.0 * tokens * kHeads * kV * kLora);
+  const double weight_bytes = double(elems) * (fp8 ? 1 : 2);
+  const bool streams = path == HeadBmmFp8Path::Auto && tokens <= kHeadBmmFp8StreamTokens;
+  state.SetLabel(fp8 ? (streams ? "fp8 streaming" : "fp8 mma") : (tokens <= 8 ? "bf16 head_bmm_small" : "bf16 cublaslt"));
+  report(state, s, weight_bytes + 2.0 * tokens * kHeads * (K + N), weight_bytes, 2.0 * tokens * kHeads * K * N);
 }
 
 // ---- activation quantization and the FP8 latent cache ----------------------------
@@ -372,8 +374,11 @@ BENCHMARK(BM_Fp8Moe)
     ->Args({4096, 0, 0, 4, 8})
     ->ArgsProduct({{1, 4}, {1}, {2}, {1, 2, 4}, {2, 4, 8}})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
-BENCHMARK(BM_Fp8QAbsorb)->Arg(1)->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
-BENCHMARK(BM_Fp8VUp)->Arg(1)->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+BENCHMARK(BM_MlaHeadBmm)
+    ->ArgsProduct({{1, 2, 4, 8, 16, 64, 256}, {0, 1}, {0, 1, 2}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.05);
 BENCHMARK(BM_Fp8RmsNormQuantize)->Arg(1)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
 BENCHMARK(BM_Fp8KvLoad)->Arg(64 * 8192)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
 

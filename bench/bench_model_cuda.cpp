@@ -151,6 +151,7 @@ Ceilings measure_ceilings() {
 struct ParamCounts {
   double attention = 0, absorbed = 0, dense_mlp = 0, shared = 0, router = 0, expert = 0, lm_head = 0;
   double quantized_bytes = 2;  // per weight of the projections a block-FP8 checkpoint quantizes
+  bool absorbed_whole_blocks = false;  // W_UK / W_UV are whole 128x128 blocks of kv_b_proj, kept in FP8 too
   int moe_layers = 0, experts = 0, top_k = 0;
 };
 
@@ -160,8 +161,10 @@ ParamCounts count_params(const ModelConfig& c) {
   const double Dn = c.qk_nope_head_dim, Dv = c.v_head_dim, Dq = Dn + R;
   const double q = c.q_lora_rank ? D * *c.q_lora_rank + *c.q_lora_rank * H * Dq : D * H * Dq;
   p.attention = c.num_hidden_layers * (q + D * (L + R) + H * Dv * D);
-  // decode reads W_UK / W_UV (kv_b_proj's weights, kept in bf16 for the absorbed form)
+  // decode reads W_UK / W_UV (kv_b_proj's weights): block-FP8 where its
+  // per-head parts are whole blocks (model/layer_weights.h), else bf16
   p.absorbed = c.num_hidden_layers * H * (Dn + Dv) * L;
+  p.absorbed_whole_blocks = int64_t(Dn) % 128 == 0 && int64_t(Dv) % 128 == 0 && int64_t(L) % 128 == 0;
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     if (c.is_moe_layer(i)) {
       ++p.moe_layers;
@@ -185,7 +188,8 @@ double decode_bytes(const ModelConfig& c, const ParamCounts& p, int B, int ctx, 
   const double touched = p.experts * (1.0 - std::pow(1.0 - double(p.top_k) / p.experts, B));
   const double quantized = p.attention + p.dense_mlp + p.shared + p.moe_layers * touched * p.expert;
   const double kv = double(B) * ctx * kv_slot_bytes * c.num_hidden_layers;
-  return p.quantized_bytes * quantized + 2.0 * (p.absorbed + p.router + p.lm_head) + kv;
+  const double absorbed_bytes = p.absorbed_whole_blocks ? p.quantized_bytes : 2.0;
+  return p.quantized_bytes * quantized + absorbed_bytes * p.absorbed + 2.0 * (p.router + p.lm_head) + kv;
 }
 
 // Matmul + attention FLOPs of a prefill of B sequences of len tokens (causal).
@@ -345,7 +349,7 @@ class OpTimingBackend final : public Backend {
   }
   void scatter_rows(Tensor c, const Tensor& r, const Tensor& s) override { timed("scatter_rows", [&] { in_.scatter_rows(c, r, s); }); }
   void gather_rows(const Tensor& c, const Tensor& s, Tensor o) override { timed("gather_rows", [&] { in_.gather_rows(c, s, o); }); }
-  void head_bmm(const Tensor& x, const Tensor& w, bool t, Tensor o) override { timed("head_bmm", [&] { in_.head_bmm(x, w, t, o); }); }
+  void head_bmm(const Tensor& x, const Weight& w, bool t, Tensor o) override { timed("head_bmm", [&] { in_.head_bmm(x, w, t, o); }); }
   void mla_prepare(const MlaPrepare& p, const Tensor& pos, const Tensor& slots, const Tensor& f, float s) override {
     timed("mla_prepare", [&] { in_.mla_prepare(p, pos, slots, f, s); });
   }

@@ -236,12 +236,15 @@ class Backend {
   // out[i] = cache[slots[i]] (an FP8 cache's slots dequantized)
   virtual void gather_rows(const Tensor& cache, const Tensor& slots, Tensor out) = 0;
   // Per-head matmul: out{T, H, No}[:, :, :N] = x{T, H, Kx}[:, :, :K] · w[h]
-  // where w is {H, K, N} (transpose_w = false) or {H, N, K} (transpose_w =
-  // true), F32 or act_dtype. Kx >= K, so q_nope is read in place from
+  // where w.w is {H, K, N} (transpose_w = false) or {H, N, K} (transpose_w =
+  // true), F32 or act_dtype; or block-FP8 (transpose_w only): e4m3 {H, N, K}
+  // with scale_inv {H * N / 128, K / 128} over its rows {H * N, K}, as a
+  // load_weight of that 2-D shape returned it (the product uses the
+  // dequantized weights). Kx >= K, so q_nope is read in place from
   // q{T, H, Dn + R}; No >= N, so q_nope·W_UK lands in place in the first L
   // columns of the absorbed attention's q{T, H, L + R} (columns N .. No are
   // left as they are). The absorbed-MLA q_nope·W_UK and o_latent·W_UVᵀ products.
-  virtual void head_bmm(const Tensor& x, const Tensor& w, bool transpose_w, Tensor out) = 0;
+  virtual void head_bmm(const Tensor& x, const Weight& w, bool transpose_w, Tensor out) = 0;
 
   // All parts of p (see MlaPrepare) for the tokens at positions{T} I32,
   // writing latent rows to out_slots{T} I32; R = 2 * inv_freq.numel(). One

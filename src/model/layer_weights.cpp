@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <optional>
+#include <tuple>
+#include <utility>
 
 namespace mlaserve {
 namespace {
@@ -110,6 +113,40 @@ Weight host_linear(const Checkpoint& ckpt, const std::string& prefix) {
   return Weight{w, w.dtype() == DType::F8_E4M3 ? ckpt.get(prefix + ".weight_scale_inv") : Tensor()};
 }
 
+// W_UK transposed per head {H, L, Dn} and W_UV {H, Dv, L} in e4m3 with their
+// 128x128 block scales, from a block-FP8 kv_b_proj {H (Dn + Dv), L} whose
+// per-head parts are whole blocks: the blocks move (W_UK's transposed within
+// itself) and keep their scales, so nothing is requantized. Empty where the
+// shape does not allow it or the backend does not keep FP8 weights.
+std::optional<std::pair<Weight, Weight>> fp8_head_weights(Backend& backend, const Tensor& kv_b, const Tensor& scale,
+                                                          int64_t H, int64_t Dn, int64_t Dv, int64_t L) {
+  if (kv_b.dtype() != DType::F8_E4M3 || Dn % 128 || Dv % 128 || L % 128) return std::nullopt;
+  const int64_t lb = L / 128, nb = Dn / 128, vb = Dv / 128, head_blocks = nb + vb;
+  MLA_CHECK(scale.shape() == Shape({H * head_blocks, lb}), "kv_b_proj.weight_scale_inv: shape {} but [{}, {}] expected",
+            shape_str(scale.shape()), H * head_blocks, lb);
+  Tensor uk = Tensor::empty({H * L, Dn}, DType::F8_E4M3), uk_scale = Tensor::empty({H * lb, nb}, DType::F32);
+  Tensor uv = Tensor::empty({H * Dv, L}, DType::F8_E4M3), uv_scale = Tensor::empty({H * vb, lb}, DType::F32);
+  const uint8_t* src = kv_b.data<uint8_t>();
+  const float* src_scale = scale.data<float>();
+  for (int64_t h = 0; h < H; ++h) {
+    const uint8_t* head = src + h * (Dn + Dv) * L;
+    for (int64_t d = 0; d < Dn; ++d)
+      for (int64_t c = 0; c < L; ++c) uk.data<uint8_t>()[(h * L + c) * Dn + d] = head[d * L + c];
+    std::memcpy(uv.data<uint8_t>() + h * Dv * L, head + Dn * L, size_t(Dv * L));
+    for (int64_t cb = 0; cb < lb; ++cb) {
+      for (int64_t db = 0; db < nb; ++db)
+        uk_scale.data<float>()[(h * lb + cb) * nb + db] = src_scale[(h * head_blocks + db) * lb + cb];
+      for (int64_t db = 0; db < vb; ++db)
+        uv_scale.data<float>()[(h * vb + db) * lb + cb] = src_scale[(h * head_blocks + nb + db) * lb + cb];
+    }
+  }
+  Weight w_uk = backend.load_weight(uk, uk_scale), w_uv = backend.load_weight(uv, uv_scale);
+  if (!w_uk.is_fp8() || !w_uv.is_fp8()) return std::nullopt;
+  w_uk.w = w_uk.w.view({H, L, Dn});
+  w_uv.w = w_uv.w.view({H, Dv, L});
+  return std::pair{w_uk, w_uv};
+}
+
 MlaWeights load_mla(const Checkpoint& ckpt, Backend& backend, const std::string& p) {
   const ModelConfig& c = ckpt.config();
   const int64_t H = c.num_attention_heads, L = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dv = c.v_head_dim;
@@ -133,6 +170,10 @@ MlaWeights load_mla(const Checkpoint& ckpt, Backend& backend, const std::string&
   MLA_CHECK(kv_b.shape() == Shape({H * (Dn + Dv), L}), "{}kv_b_proj.weight: shape {} but config implies [{}, {}]", p,
             shape_str(kv_b.shape()), H * (Dn + Dv), L);
   const Tensor kv_b_scale = kv_b.dtype() == DType::F8_E4M3 ? ckpt.get(p + "kv_b_proj.weight_scale_inv") : Tensor();
+  if (auto fp8 = fp8_head_weights(backend, kv_b, kv_b_scale, H, Dn, Dv, L)) {
+    std::tie(w.w_uk, w.w_uv) = *fp8;
+    return w;
+  }
   Tensor w_uk = Tensor::empty({H, Dn, L}, DType::F32), w_uv = Tensor::empty({H, Dv, L}, DType::F32);
   for (int64_t h = 0; h < H; ++h) {
     for (int64_t d = 0; d < Dn; ++d)
@@ -143,8 +184,8 @@ MlaWeights load_mla(const Checkpoint& ckpt, Backend& backend, const std::string&
   // In the activation dtype: a bf16 backend would otherwise hold the f32
   // copies beside the bf16 ones it multiplies with (8 MB a layer at V2-Lite
   // width, 64 MB at V3's).
-  w.w_uk = backend.load_tensor(host_f32_as(w_uk, backend.act_dtype()));
-  w.w_uv = backend.load_tensor(host_f32_as(w_uv, backend.act_dtype()));
+  w.w_uk = Weight{backend.load_tensor(host_f32_as(w_uk, backend.act_dtype())), {}};
+  w.w_uv = Weight{backend.load_tensor(host_f32_as(w_uv, backend.act_dtype())), {}};
   return w;
 }
 

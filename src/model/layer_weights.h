@@ -23,10 +23,15 @@ struct MlaWeights {
   std::optional<Weight> kv_a_proj_with_mqa;      // {L + R, D}, unless fused
   Tensor kv_a_layernorm;                         // {L}
   Weight kv_b_proj;                              // {H * (Dn + Dv), L}
-  // kv_b_proj split per head for the absorbed form, dequantized, in the
-  // backend's activation dtype (f32 on the CPU, bf16 on CUDA):
-  Tensor w_uk;                                   // {H, Dn, L}
-  Tensor w_uv;                                   // {H, Dv, L}
+  // kv_b_proj split per head for the absorbed form: block-FP8 as the
+  // checkpoint stores it where the per-head parts are whole 128-row blocks
+  // and the backend keeps FP8 weights (half the bytes a decode step reads),
+  // with W_UK transposed per head so both products read whole weight rows;
+  // otherwise dequantized, in the backend's activation dtype (f32 on the
+  // CPU, bf16 on CUDA).
+  Weight w_uk;                                   // {H, Dn, L}, or FP8 {H, L, Dn}
+  Weight w_uv;                                   // {H, Dv, L}
+  bool w_uk_transposed() const { return w_uk.is_fp8(); }
   Weight o_proj;                                 // {D, H * Dv}
 };
 

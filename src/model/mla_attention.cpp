@@ -27,13 +27,13 @@ bool absorbed_form_pays_off(const ForwardBatch& batch) {
 }
 
 std::optional<MlaDecodeChain> decode_chain(const MlaContext& ctx, const MlaWeights& w, const Tensor& h, Tensor cache) {
-  if (!w.fused_qkv_a_proj || ctx.config->q_lora_rank) return std::nullopt;
+  if (!w.fused_qkv_a_proj || ctx.config->q_lora_rank || w.w_uk.is_fp8()) return std::nullopt;
   MlaDecodeChain chain;
   chain.h = h;
   chain.qkv_a = &*w.fused_qkv_a_proj;
   chain.kv_norm = w.kv_a_layernorm;
-  chain.w_uk = w.w_uk;
-  chain.w_uv = w.w_uv;
+  chain.w_uk = w.w_uk.w;
+  chain.w_uv = w.w_uv.w;
   chain.o_proj = &w.o_proj;
   chain.cache = cache;
   chain.inv_freq = ctx.inv_freq;
@@ -109,7 +109,7 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
   // roped q_pe is already in q_cat's last R columns.
   auto absorbed_core = [&](const Tensor& q_nope, Tensor q_cat, const DeviceBatch& part, Tensor out_rows) {
     const int64_t Ta = q_cat.dim(0);
-    backend.head_bmm(q_nope, w.w_uk, /*transpose_w=*/false, q_cat);
+    backend.head_bmm(q_nope, w.w_uk, /*transpose_w=*/w.w_uk_transposed(), q_cat);
     Tensor o_latent = backend.alloc({Ta, H, L}, act);
     backend.mla_attention_absorbed(q_cat, cache, part, ctx.softmax_scale, o_latent);
     backend.head_bmm(o_latent, w.w_uv, /*transpose_w=*/true, out_rows);

@@ -69,8 +69,8 @@ struct RandomMla {
     MlaWeights w;
     w.fused_qkv_a_proj = be.load_weight(qkv.as(DType::F32), Tensor());
     w.kv_a_layernorm = be.load_tensor(kv_norm.as(be.act_dtype()));
-    w.w_uk = be.load_tensor(w_uk.as(be.act_dtype()));
-    w.w_uv = be.load_tensor(w_uv.as(be.act_dtype()));
+    w.w_uk = Weight{be.load_tensor(w_uk.as(be.act_dtype())), {}};
+    w.w_uv = Weight{be.load_tensor(w_uv.as(be.act_dtype())), {}};
     w.o_proj = be.load_weight(o_proj.as(DType::F32), Tensor());
     return w;
   }

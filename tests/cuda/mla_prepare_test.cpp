@@ -176,8 +176,8 @@ TEST_P(MlaPrepareShapes, MatchesCpu) {
 
   // q_nope · W_UK into q_cat's first L columns, against the CPU's product on its own q_cat.
   const Both w_uk = random({H, Dn, L}, 0.1f);
-  cpu_->head_bmm(q_nope.cpu, w_uk.cpu, false, q_cat.cpu);
-  gpu_->head_bmm(q_nope.gpu, w_uk.gpu, false, q_cat.gpu);
+  cpu_->head_bmm(q_nope.cpu, Weight{w_uk.cpu, {}}, false, q_cat.cpu);
+  gpu_->head_bmm(q_nope.gpu, Weight{w_uk.gpu, {}}, false, q_cat.gpu);
   err = compare(q_cat, [](int64_t) { return true; }, "q_cat after W_UK");
   report(s, "q_cat", err);
   EXPECT_LT(err, kTol);

@@ -209,7 +209,7 @@ TEST_F(CpuOpsTest, HeadBmmBothLayouts) {
   for (bool transpose : {false, true}) {
     Tensor w = transpose ? random_f32({H, N, K}) : random_f32({H, K, N});
     Tensor out = be->alloc({T, H, N}, DType::F32);
-    be->head_bmm(x, w, transpose, out);
+    be->head_bmm(x, Weight{w, {}}, transpose, out);
     std::vector<double> want(size_t(T * H * N), 0.0);
     for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 0; h < H; ++h)

@@ -166,7 +166,7 @@ TEST_F(MlaPrepareTest, HeadBmmIntoWiderRowsLeavesTheRestAlone) {
   const int64_t T = 2, H = 3, Kx = 5, K = 4, N = 6, No = 9;
   const Tensor x = random_f32({T, H, Kx}), w = random_f32({H, K, N});
   Tensor out = filled({T, H, No}, kNaN);
-  be->head_bmm(x, w, /*transpose_w=*/false, out);
+  be->head_bmm(x, Weight{w, {}}, /*transpose_w=*/false, out);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < H; ++h) {
       std::vector<double> want(size_t(N), 0.0);
@@ -177,7 +177,7 @@ TEST_F(MlaPrepareTest, HeadBmmIntoWiderRowsLeavesTheRestAlone) {
       expect_span(row, want, "product");
       for (int64_t i = N; i < No; ++i) EXPECT_TRUE(std::isnan(row[i])) << "column " << i << " was written";
     }
-  EXPECT_THROW(be->head_bmm(x, w, false, filled({T, H, N - 1}, 0.0f)), Error);
+  EXPECT_THROW(be->head_bmm(x, Weight{w, {}}, false, filled({T, H, N - 1}, 0.0f)), Error);
 }
 
 }  // namespace

@@ -49,5 +49,67 @@ TEST(MlaWeights, Fp8QPartEndingInsideAScaleBlockStaysSeparate) {
   EXPECT_EQ(w.kv_a_proj_with_mqa->out_features(), 32 + 16);
 }
 
+// tiny in block-FP8 at V2/V3's per-head widths (Dn = Dv = 128, L = 128), so
+// kv_b_proj's per-head parts are whole 128x128 blocks.
+ModelConfig fp8_whole_block_heads() {
+  ModelConfig c = TempCheckpoint::config_of("tiny", "fp8");
+  c.hidden_size = 256;
+  c.intermediate_size = 512;
+  c.moe_intermediate_size = 128;
+  c.num_hidden_layers = 2;
+  c.num_nextn_predict_layers = 0;
+  c.num_attention_heads = c.num_key_value_heads = 2;
+  c.q_lora_rank = 128;
+  c.kv_lora_rank = 128;
+  c.qk_nope_head_dim = 128;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 128;
+  return c;
+}
+
+float dequantized(const Weight& w, int64_t row, int64_t col) {
+  const int64_t K = w.w.dim(-1), kb = w.scale_inv.dim(1);
+  return fp8e4m3_to_f32(w.w.data<uint8_t>()[row * K + col]) * w.scale_inv.data<float>()[(row / 128) * kb + col / 128];
+}
+
+TEST(MlaWeights, Fp8KvBProjOfWholeBlocksKeepsE4m3HeadWeightsWithTheirScales) {
+  TempCheckpoint ckpt(fp8_whole_block_heads(), "fp8_heads", 3);
+  auto be = make_cpu_backend();
+  const MlaWeights w = load_decoder_layer(ckpt.get(), *be, 1).attn;
+  const ModelConfig& c = ckpt.get().config();
+  const int64_t H = c.num_attention_heads, Dn = c.qk_nope_head_dim, Dv = c.v_head_dim, L = c.kv_lora_rank;
+  ASSERT_TRUE(w.w_uk.is_fp8() && w.w_uv.is_fp8());
+  EXPECT_TRUE(w.w_uk_transposed());
+  ASSERT_EQ(w.w_uk.w.shape(), Shape({H, L, Dn}));
+  ASSERT_EQ(w.w_uv.w.shape(), Shape({H, Dv, L}));
+  const Weight kv_b{ckpt.get().get("model.layers.1.self_attn.kv_b_proj.weight"),
+                    ckpt.get().get("model.layers.1.self_attn.kv_b_proj.weight_scale_inv")};
+  int64_t wrong = 0;
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t c_ = 0; c_ < L; ++c_) {
+      for (int64_t d = 0; d < Dn; ++d)
+        wrong += dequantized(w.w_uk, h * L + c_, d) != dequantized(kv_b, h * (Dn + Dv) + d, c_);
+      for (int64_t d = 0; d < Dv; ++d)
+        wrong += dequantized(w.w_uv, h * Dv + d, c_) != dequantized(kv_b, h * (Dn + Dv) + Dn + d, c_);
+    }
+  EXPECT_EQ(wrong, 0) << "values differ from kv_b_proj's";
+}
+
+TEST(MlaWeights, Fp8HeadWeightsGiveTheExpandedFormsLogits) {
+  // f32 on both sides with the same dequantized weights: the forms differ
+  // only in summation order (mla_forms_test's bound).
+  TempCheckpoint ckpt(fp8_whole_block_heads(), "fp8_heads", 5);
+  auto be = make_cpu_backend();
+  DeepseekModel absorbed(ckpt.get(), *be, {MlaMode::Absorbed, false});
+  DeepseekModel expanded(ckpt.get(), *be, {MlaMode::Expanded, false});
+  const std::vector<int32_t> ids = {0, 17, 4242, 99, 1000, 5, 77, 31337};
+  const Logits a = full_sequence_logits(absorbed, ids), e = full_sequence_logits(expanded, ids);
+  double worst = 0;
+  for (int64_t r = 0; r < a.rows; ++r) worst = std::max(worst, max_abs_diff(a.row(r), e.row(r)));
+  std::printf("[mla-forms] fp8 heads: absorbed vs expanded max |diff| %.3g over %lld rows\n", worst,
+              (long long)a.rows);
+  EXPECT_LE(worst, 1e-4);
+}
+
 }  // namespace
 }  // namespace mlaserve::testing

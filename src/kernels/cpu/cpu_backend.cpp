@@ -305,9 +305,9 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void head_bmm(const Tensor& x, const Tensor& w, bool transpose_w, Tensor out) override {
+  void head_bmm(const Tensor& x, const Weight& weight, bool transpose_w, Tensor out) override {
+    const Tensor& w = weight.w;
     check_f32(x, "head_bmm", "x");
-    check_f32(w, "head_bmm", "w");
     check_f32(out, "head_bmm", "out");
     const int64_t T = x.dim(0), H = x.dim(1), Kx = x.dim(2);
     const int64_t K = transpose_w ? w.dim(2) : w.dim(1), N = transpose_w ? w.dim(1) : w.dim(2);
@@ -315,12 +315,33 @@ class CpuBackend final : public Backend {
                   out.dim(2) >= N,
               "head_bmm: x {} · w {} (transposed: {}) into {}", shape_str(x.shape()), shape_str(w.shape()),
               transpose_w, shape_str(out.shape()));
+    const bool fp8 = weight.is_fp8();
+    if (fp8) {
+      MLA_CHECK(transpose_w && weight.scale_inv.dtype() == DType::F32 &&
+                    weight.scale_inv.shape() == Shape({(H * N + 127) / 128, (K + 127) / 128}),
+                "head_bmm: FP8 w {} needs the transposed form and F32 scales [{}, {}]", shape_str(w.shape()),
+                (H * N + 127) / 128, (K + 127) / 128);
+    } else {
+      check_f32(w, "head_bmm", "w");
+    }
     const int64_t No = out.dim(2);
     parallel_for(H, 1, [&](int64_t b, int64_t e) {
+      std::vector<float> dequantized(fp8 ? size_t(N * K) : 0);
       for (int64_t h = b; h < e; ++h) {
+        const float* wh = fp8 ? dequantized.data() : w.data<float>() + h * K * N;
+        if (fp8) {  // rows h * N .. of {H * N, K}, each value times its 128x128 block's scale
+          const float* scale = weight.scale_inv.data<float>();
+          const int64_t kb = weight.scale_inv.dim(1);
+          for (int64_t n = 0; n < N; ++n) {
+            const int64_t row = h * N + n;
+            for (int64_t k = 0; k < K; ++k)
+              dequantized[size_t(n * K + k)] =
+                  fp8e4m3_to_f32(w.data<uint8_t>()[row * K + k]) * scale[(row / 128) * kb + k / 128];
+          }
+        }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, transpose_w ? CblasTrans : CblasNoTrans, int(T), int(N), int(K),
-                    1.0f, x.data<float>() + h * Kx, int(H * Kx), w.data<float>() + h * K * N,
-                    transpose_w ? int(K) : int(N), 0.0f, out.data<float>() + h * No, int(H * No));
+                    1.0f, x.data<float>() + h * Kx, int(H * Kx), wh, transpose_w ? int(K) : int(N), 0.0f,
+                    out.data<float>() + h * No, int(H * No));
       }
     });
   }

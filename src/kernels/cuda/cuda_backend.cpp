@@ -20,6 +20,7 @@
 #include "kernels/cuda/mla_expanded.h"
 #include "kernels/cuda/mla_prepare.h"
 #include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/head_bmm_fp8.h"
 #include "kernels/cuda/head_bmm_small.h"
 #include "kernels/cuda/moe_router.h"
 #include "kernels/cuda/moe_select.h"
@@ -639,13 +640,18 @@ void CudaBackend::gather_rows(const Tensor& cache, const Tensor& slots, Tensor o
                     W * int64_t(dtype_size(cache.dtype())), stream_);
 }
 
-void CudaBackend::head_bmm(const Tensor& x, const Tensor& w, bool transpose_w, Tensor out) {
+void CudaBackend::head_bmm(const Tensor& x, const Weight& weight, bool transpose_w, Tensor out) {
+  const Tensor& w = weight.w;
   const int64_t T = x.dim(0), H = x.dim(1), Kx = x.dim(2);
   const int64_t K = transpose_w ? w.dim(2) : w.dim(1), N = transpose_w ? w.dim(1) : w.dim(2);
   MLA_CHECK(w.ndim() == 3 && w.dim(0) == H && K <= Kx && out.ndim() == 3 && out.dim(0) == T && out.dim(1) == H &&
                 out.dim(2) >= N,
             "head_bmm: x {} · w {} (transposed: {}) into {}", shape_str(x.shape()), shape_str(w.shape()),
             transpose_w, shape_str(out.shape()));
+  if (weight.is_fp8()) {
+    MLA_CHECK(transpose_w, "head_bmm: FP8 w {} must be {{H, N, K}} (transpose_w)", shape_str(w.shape()));
+    return head_bmm_fp8(x, weight, out);
+  }
   const __nv_bfloat16* wb = as_bf16(w, "head_bmm");
   if (head_bmm_small_applies(wb, transpose_w, T, K, N)) {  // decode: stream the weights with many blocks
     head_bmm_small(bf(x, "head_bmm", "x"), wb, transpose_w, T, H, Kx, K, N, bf(out, "head_bmm", "out"), out.dim(2),
@@ -654,6 +660,17 @@ void CudaBackend::head_bmm(const Tensor& x, const Tensor& w, bool transpose_w, T
   }
   gemm_->head_bmm(bf(x, "head_bmm", "x"), wb, transpose_w, T, H, Kx, K, N, bf(out, "head_bmm", "out"), out.dim(2),
                   stream_);
+}
+
+// Block-FP8 W_UK (transposed) / W_UV, {H, N, K}: head_bmm_fp8.h.
+void CudaBackend::head_bmm_fp8(const Tensor& x, const Weight& w, Tensor out) {
+  const int64_t T = x.dim(0), H = x.dim(1), Kx = x.dim(2), N = w.w.dim(1), K = w.w.dim(2);
+  MLA_CHECK(w.w.device() == Device::CUDA && w.scale_inv.dtype() == DType::F32 &&
+                w.scale_inv.shape() == Shape({(H * N + 127) / 128, (K + 127) / 128}) && head_bmm_fp8_applies(K, N),
+            "head_bmm: FP8 w {} needs F32 scales [{}, {}], N and K multiples of 128", shape_str(w.w.shape()),
+            (H * N + 127) / 128, (K + 127) / 128);
+  cuda::head_bmm_fp8(bf(x, "head_bmm", "x"), w.w.data<uint8_t>(), w.scale_inv.data<float>(), T, H, Kx, K, N,
+                     bf(out, "head_bmm", "out"), out.dim(2), stream_);
 }
 
 void CudaBackend::mla_prepare(const MlaPrepare& mp, const Tensor& positions, const Tensor& out_slots,
@@ -780,7 +797,7 @@ MoeRouteParams route_params(const Tensor& bias, const RouterParams& rp, int64_t 
 bool CudaBackend::mla_decode_chain(const MlaDecodeChain& c, const DeviceBatch& batch, Tensor out) {
   if (!mla_chain_ || batch.num_tokens != 1 || batch.num_seqs != 1) return false;
   const Weight &qkv = *c.qkv_a, &o = *c.o_proj;
-  if (qkv.is_fp8() || o.is_fp8() || c.cache.dtype() != DType::BF16) return false;
+  if (qkv.is_fp8() || o.is_fp8() || c.w_uk.dtype() != DType::BF16 || c.cache.dtype() != DType::BF16) return false;
   const int64_t D = c.h.dim(-1), H = c.w_uk.dim(0), Dn = c.w_uk.dim(1), L = c.w_uk.dim(2), Dv = c.w_uv.dim(1);
   const int64_t R = 2 * c.inv_freq.numel();
   MLA_CHECK(qkv.out_features() == H * (Dn + R) + L + R && qkv.in_features() == D && o.out_features() == D &&

@@ -51,7 +51,7 @@ class CudaBackend final : public Backend {
   void copy_columns(const Tensor& src, int64_t src_col, Tensor dst, int64_t dst_col, int64_t n) override;
   void scatter_rows(Tensor cache, const Tensor& rows, const Tensor& slots) override;
   void gather_rows(const Tensor& cache, const Tensor& slots, Tensor out) override;
-  void head_bmm(const Tensor& x, const Tensor& w, bool transpose_w, Tensor out) override;
+  void head_bmm(const Tensor& x, const Weight& w, bool transpose_w, Tensor out) override;
   void mla_prepare(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots, const Tensor& inv_freq,
                    float cos_sin_scale) override;
   void mla_attention_absorbed(const Tensor& q, const Tensor& cache, const DeviceBatch& batch, float scale,
@@ -100,6 +100,8 @@ class CudaBackend final : public Backend {
   bool keeps_fp8(const Tensor& w, const Tensor& scale_inv) const;
   // out{M, N} bf16 = x · dequant(w)ᵀ with x quantized per token per 128 channels.
   void linear_fp8(const Tensor& x, const Weight& w, Tensor out);
+  // head_bmm's transposed product from block-FP8 w {H, N, K}.
+  void head_bmm_fp8(const Tensor& x, const Weight& w, Tensor out);
   // The stacks behind load_experts: E routed experts then the shared slices
   // (all of them keeps_fp8 for the FP8 stacks of fp8_moe.h).
   struct ExpertSource;

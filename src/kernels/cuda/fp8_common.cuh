@@ -1,6 +1,7 @@
 #pragma once
-// Device helpers shared by the FP8 kernels: e4m3 packing, the 1x128 group
-// quantizer run by 16 lanes, and the sm_89+ FP8 tensor-core MMA.
+// Device helpers shared by the FP8 kernels: e4m3 packing and widening, weight
+// streaming loads, the 1x128 group quantizer run by 16 lanes, and the sm_89+
+// FP8 tensor-core MMA.
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -15,6 +16,29 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float
   const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
   const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
   return lo | (hi << 16);
+}
+
+// 16 bytes read once (weights streamed by decode GEMVs): kept out of L1,
+// where the activations every warp re-reads stay.
+__device__ __forceinline__ uint4 load_weights_16(const uint8_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// Σ e4m3(w[i]) · x[i] over the 16 bytes of w, in f32 (e4m3 widens to f16 exactly).
+__device__ __forceinline__ float e4m3x16_dot(uint4 w, const float (&x)[16]) {
+  const auto* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&w);
+  float acc = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3)));
+    acc = fmaf(f.x, x[2 * i], acc);
+    acc = fmaf(f.y, x[2 * i + 1], acc);
+  }
+  return acc;
 }
 
 __device__ __forceinline__ float e4m3_to_float(uint8_t v) {

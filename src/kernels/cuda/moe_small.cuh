@@ -27,6 +27,7 @@
 
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/fp8_common.cuh"
 #include "kernels/cuda/moe_align.cuh"
 #include "kernels/cuda/pdl.cuh"
 
@@ -35,14 +36,6 @@ namespace {
 
 constexpr int kSmallGateUpWarps = 4, kSmallDownWarps = 8;
 constexpr int kSmallMaxSlotsPerToken = 16;
-
-__device__ __forceinline__ uint4 load_weights_16(const uint8_t* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
 
 // n (a multiple of 8) bf16 values at p as f32.
 template <int kN>
@@ -120,17 +113,7 @@ struct Fp8Stacks {
     const int row_block = (e * D + d) / 128;
     return __ldg(down_scale_ + int64_t(row_block) * (I / 128) + kc / 8);
   }
-  __device__ static float dot(uint4 w, const float (&x)[kElems]) {
-    const auto* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&w);
-    float acc = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3)));
-      acc = fmaf(f.x, x[2 * i], acc);
-      acc = fmaf(f.y, x[2 * i + 1], acc);
-    }
-    return acc;
-  }
+  __device__ static float dot(uint4 w, const float (&x)[kElems]) { return e4m3x16_dot(w, x); }
 };
 
 template <typename Stacks>
