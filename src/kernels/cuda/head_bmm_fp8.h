@@ -19,8 +19,8 @@
 
 namespace mlaserve::cuda {
 
-// Streaming wins up to 2 tokens (V3 widths, H100: 5.2 / 6.5 us at 1 token
-// against 8.8 / 10.1 on tensor cores), tensor cores from 4 (8.9 against 12.2).
+// Streaming wins up to 2 tokens (V3 widths, H100: 4.3 / 4.5 us at 1 token
+// against 8.8 / 10.2 on tensor cores), tensor cores from 4 (8.9 against 12.2).
 constexpr int kHeadBmmFp8StreamTokens = 2;
 
 // Which kernel runs: Auto picks by token count; the others force one (tests, benchmarks).
