@@ -201,59 +201,32 @@ INSTANTIATE_TEST_SUITE_P(Tokens, Fp8BackendMoe, ::testing::Values(1, 7, 64, 200,
 // layers, so 0.15 on the mean row; a wrong scale or expert gives O(1).
 TEST(Fp8BackendModel, Fp8ResidentCheckpointLoadsAndMatchesTheCpuReference) {
   MLA_SKIP_WITHOUT_GPU();
-  MakeModelOptions o;
-  o.preset = "tiny";
-  o.dtype = "fp8";
-  ModelConfig c = make_model_config(o);
-  c.hidden_size = 256;
-  c.intermediate_size = 512;
-  c.moe_intermediate_size = 128;
-  c.n_shared_experts = 2;
-  c.num_hidden_layers = 2;
-  c.num_nextn_predict_layers = 0;
-  c.num_attention_heads = c.num_key_value_heads = 2;
-  c.q_lora_rank = 128;
-  c.kv_lora_rank = 128;
-  c.qk_nope_head_dim = 128;
-  c.qk_rope_head_dim = 64;
-  c.v_head_dim = 128;
-  const auto dir = std::filesystem::temp_directory_path() / fmt::format("mlaserve_fp8_model_{}", ::getpid());
-  std::filesystem::remove_all(dir);
-  write_random_checkpoint(c, dir, 5);
-  {
-    const Checkpoint ckpt = Checkpoint::open(dir);
-    auto cpu = make_cpu_backend();
-    CudaBackend gpu;
-    gpu.set_fp8_weights(true);
-    DeepseekModel cpu_model(ckpt, *cpu, {MlaMode::Auto, false});
-    const std::vector<int32_t> ids = {0, 17, 4242, 99, 1000, 5, 77, 31337};
-    const auto ref = mlaserve::testing::full_sequence_logits(cpu_model, ids);
-    // Auto prefills in the expanded form; Absorbed runs the FP8 W_UK / W_UV
-    // products (kv_b_proj's heads are whole 128x128 blocks here).
-    for (MlaMode mode : {MlaMode::Auto, MlaMode::Absorbed}) {
-      std::unique_ptr<DeepseekModel> gpu_model;
-      ASSERT_NO_THROW(gpu_model = std::make_unique<DeepseekModel>(ckpt, gpu, ModelOptions{mode, false}));
-      const auto got = mlaserve::testing::full_sequence_logits(*gpu_model, ids);
-      double sum = 0, worst = 0;
-      for (int64_t r = 0; r < ref.rows; ++r) {
-        const auto a = got.row(r), b = ref.row(r);
-        double num = 0, den = 0;
-        for (size_t i = 0; i < b.size(); ++i) {
-          num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-          den += double(b[i]) * b[i];
-        }
-        const double e = std::sqrt(num / den);
-        sum += e;
-        worst = std::max(worst, e);
-      }
-      const double mean = sum / double(ref.rows);
-      std::printf("[fp8-model] FP8-resident 2-layer model (%s) vs CPU: logits rel_l2 mean %.2e, worst %.2e\n",
-                  mode == MlaMode::Absorbed ? "absorbed" : "auto", mean, worst);
-      EXPECT_LT(mean, 0.15);
-      EXPECT_LT(worst, 0.3);
+  const mlaserve::testing::TempCheckpoint temp(mlaserve::testing::fp8_v3_head_widths_config(), "fp8_resident", 5);
+  const Checkpoint& ckpt = temp.get();
+  auto cpu = make_cpu_backend();
+  CudaBackend gpu;
+  gpu.set_fp8_weights(true);
+  DeepseekModel cpu_model(ckpt, *cpu, {MlaMode::Auto, false});
+  const std::vector<int32_t> ids = {0, 17, 4242, 99, 1000, 5, 77, 31337};
+  const auto ref = mlaserve::testing::full_sequence_logits(cpu_model, ids);
+  // Auto prefills in the expanded form; Absorbed runs the FP8 W_UK / W_UV
+  // products (kv_b_proj's heads are whole 128x128 blocks here).
+  for (MlaMode mode : {MlaMode::Auto, MlaMode::Absorbed}) {
+    std::unique_ptr<DeepseekModel> gpu_model;
+    ASSERT_NO_THROW(gpu_model = std::make_unique<DeepseekModel>(ckpt, gpu, ModelOptions{mode, false}));
+    const auto got = mlaserve::testing::full_sequence_logits(*gpu_model, ids);
+    double sum = 0, worst = 0;
+    for (int64_t r = 0; r < ref.rows; ++r) {
+      const double e = mlaserve::testing::row_rel_l2(got.row(r), ref.row(r));
+      sum += e;
+      worst = std::max(worst, e);
     }
+    const double mean = sum / double(ref.rows);
+    std::printf("[fp8-model] FP8-resident 2-layer model (%s) vs CPU: logits rel_l2 mean %.2e, worst %.2e\n",
+                mode == MlaMode::Absorbed ? "absorbed" : "auto", mean, worst);
+    EXPECT_LT(mean, 0.15);
+    EXPECT_LT(worst, 0.3);
   }
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

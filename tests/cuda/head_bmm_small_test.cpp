@@ -43,6 +43,25 @@ class HeadBmmSmall : public ::testing::TestWithParam<BmmShape> {
     return both(shape, random_bf16(size_t(shape_numel(shape)), rng_, range));
   }
 
+  // Relative L2 of the GPU output's first N columns of each row against the
+  // CPU's, and how many of the columns past N (NaN before the call) it wrote.
+  std::pair<double, int64_t> compare(const Tensor& cpu_out, const Tensor& gpu_out, int64_t N, int64_t No) {
+    const Tensor host = gpu_->to_host(gpu_out);
+    std::vector<float> got;
+    std::vector<double> want;
+    int64_t written_outside = 0;
+    for (int64_t i = 0; i < cpu_out.numel(); ++i) {
+      const float g = bf16_to_f32(host.data<uint16_t>()[i]);
+      if (i % No < N) {
+        got.push_back(g);
+        want.push_back(cpu_out.data<float>()[i]);
+      } else if (!std::isnan(g)) {
+        ++written_outside;
+      }
+    }
+    return {rel_l2(got, want), written_outside};
+  }
+
   std::unique_ptr<Backend> cpu_ = make_cpu_backend();
   std::unique_ptr<CudaBackend> gpu_;
   std::mt19937 rng_{77};
@@ -58,20 +77,7 @@ TEST_P(HeadBmmSmall, MatchesCpu) {
   const auto [oc, og] = both(out_shape, std::vector<uint16_t>(size_t(shape_numel(out_shape)), 0x7fc0));  // NaN
   cpu_->head_bmm(xc, Weight{wc, {}}, s.transpose, oc);
   gpu_->head_bmm(xg, Weight{wg, {}}, s.transpose, og);
-  const Tensor host = gpu_->to_host(og);
-  std::vector<float> got;
-  std::vector<double> want;
-  int64_t written_outside = 0;
-  for (int64_t i = 0; i < oc.numel(); ++i) {
-    const float g = bf16_to_f32(host.data<uint16_t>()[i]);
-    if (i % No < N) {
-      got.push_back(g);
-      want.push_back(oc.data<float>()[i]);
-    } else if (!std::isnan(g)) {
-      ++written_outside;
-    }
-  }
-  const double err = rel_l2(got, want);
+  const auto [err, written_outside] = compare(oc, og, N, No);
   std::printf("[rel_l2] head_bmm %-8s T=%-2lld H=%-3lld K=%-3lld N=%-3lld transpose=%d: %.2e\n", s.name,
               (long long)T, (long long)H, (long long)K, (long long)N, int(s.transpose), err);
   EXPECT_EQ(written_outside, 0) << "columns past N were written";
@@ -121,20 +127,7 @@ TEST_P(HeadBmmFp8, MatchesCpuOnDequantizedWeights) {
   const auto [oc, og] = both(out_shape, std::vector<uint16_t>(size_t(shape_numel(out_shape)), 0x7fc0));  // NaN
   cpu_->head_bmm(xc, wc, /*transpose_w=*/true, oc);
   gpu_->head_bmm(xg, wg, /*transpose_w=*/true, og);
-  const Tensor host = gpu_->to_host(og);
-  std::vector<float> got;
-  std::vector<double> want;
-  int64_t written_outside = 0;
-  for (int64_t i = 0; i < oc.numel(); ++i) {
-    const float g = bf16_to_f32(host.data<uint16_t>()[i]);
-    if (i % No < N) {
-      got.push_back(g);
-      want.push_back(oc.data<float>()[i]);
-    } else if (!std::isnan(g)) {
-      ++written_outside;
-    }
-  }
-  const double err = rel_l2(got, want);
+  const auto [err, written_outside] = compare(oc, og, N, No);
   std::printf("[rel_l2] head_bmm fp8 %-8s T=%-3lld H=%-3lld K=%-3lld N=%-3lld: %.2e\n", s.name, (long long)T,
               (long long)H, (long long)K, (long long)N, err);
   EXPECT_EQ(written_outside, 0) << "columns past N were written";

@@ -49,31 +49,13 @@ TEST(MlaWeights, Fp8QPartEndingInsideAScaleBlockStaysSeparate) {
   EXPECT_EQ(w.kv_a_proj_with_mqa->out_features(), 32 + 16);
 }
 
-// tiny in block-FP8 at V2/V3's per-head widths (Dn = Dv = 128, L = 128), so
-// kv_b_proj's per-head parts are whole 128x128 blocks.
-ModelConfig fp8_whole_block_heads() {
-  ModelConfig c = TempCheckpoint::config_of("tiny", "fp8");
-  c.hidden_size = 256;
-  c.intermediate_size = 512;
-  c.moe_intermediate_size = 128;
-  c.num_hidden_layers = 2;
-  c.num_nextn_predict_layers = 0;
-  c.num_attention_heads = c.num_key_value_heads = 2;
-  c.q_lora_rank = 128;
-  c.kv_lora_rank = 128;
-  c.qk_nope_head_dim = 128;
-  c.qk_rope_head_dim = 64;
-  c.v_head_dim = 128;
-  return c;
-}
-
 float dequantized(const Weight& w, int64_t row, int64_t col) {
   const int64_t K = w.w.dim(-1), kb = w.scale_inv.dim(1);
   return fp8e4m3_to_f32(w.w.data<uint8_t>()[row * K + col]) * w.scale_inv.data<float>()[(row / 128) * kb + col / 128];
 }
 
 TEST(MlaWeights, Fp8KvBProjOfWholeBlocksKeepsE4m3HeadWeightsWithTheirScales) {
-  TempCheckpoint ckpt(fp8_whole_block_heads(), "fp8_heads", 3);
+  TempCheckpoint ckpt(fp8_v3_head_widths_config(), "fp8_heads", 3);
   auto be = make_cpu_backend();
   const MlaWeights w = load_decoder_layer(ckpt.get(), *be, 1).attn;
   const ModelConfig& c = ckpt.get().config();
@@ -98,7 +80,7 @@ TEST(MlaWeights, Fp8KvBProjOfWholeBlocksKeepsE4m3HeadWeightsWithTheirScales) {
 TEST(MlaWeights, Fp8HeadWeightsGiveTheExpandedFormsLogits) {
   // f32 on both sides with the same dequantized weights: the forms differ
   // only in summation order (mla_forms_test's bound).
-  TempCheckpoint ckpt(fp8_whole_block_heads(), "fp8_heads", 5);
+  TempCheckpoint ckpt(fp8_v3_head_widths_config(), "fp8_heads", 5);
   auto be = make_cpu_backend();
   DeepseekModel absorbed(ckpt.get(), *be, {MlaMode::Absorbed, false});
   DeepseekModel expanded(ckpt.get(), *be, {MlaMode::Expanded, false});

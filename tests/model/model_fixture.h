@@ -57,6 +57,27 @@ struct Logits {
   std::span<const float> row(int64_t r) const { return {v.data() + r * vocab, size_t(vocab)}; }
 };
 
+// tiny in block-FP8 with V2/V3's per-head widths (Dn = Dv = 128, rope 64,
+// kv_lora 128, q_lora 128) and hidden 256, 2 layers: every projection's K
+// is a multiple of 128, so FP8 kernels run everywhere, and kv_b_proj's
+// per-head parts are whole 128x128 blocks.
+inline ModelConfig fp8_v3_head_widths_config() {
+  ModelConfig c = TempCheckpoint::config_of("tiny", "fp8");
+  c.hidden_size = 256;
+  c.intermediate_size = 512;
+  c.moe_intermediate_size = 128;
+  c.n_shared_experts = 2;
+  c.num_hidden_layers = 2;
+  c.num_nextn_predict_layers = 0;
+  c.num_attention_heads = c.num_key_value_heads = 2;
+  c.q_lora_rank = 128;
+  c.kv_lora_rank = 128;
+  c.qk_nope_head_dim = 128;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 128;
+  return c;
+}
+
 inline Logits to_logits(Backend& be, const Tensor& t) {
   Tensor h = be.to_host(t);
   Logits l{h.dim(0), h.dim(1), std::vector<float>(h.data<float>(), h.data<float>() + h.numel())};
