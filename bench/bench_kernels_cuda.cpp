@@ -379,6 +379,46 @@ void BM_MoeSelect(benchmark::State& state) {
   report(state, s, double(kExperts * kHidden + T * kHidden) * 2, 2.0 * T * kExperts * kHidden);
 }
 
+// moe_select at DeepSeek-V3's routing (256 experts, hidden 7168, sigmoid
+// scores with the correction bias, 4 of 8 groups, top-8): as a decode step
+// runs it, in a CUDA graph, each call on its own router copy (16 copies, 59
+// MB, past L2: a step's expert weights evict the router between layers).
+// Args: tokens, part (0: the whole op, 1: moe_route's selection alone on
+// logits already in memory, 2: the skinny GEMM into f32 logits alone).
+void BM_MoeSelectV3(benchmark::State& state) {
+  constexpr int kE = 256, kD = 7168, kK = 8, kCopies = 16;
+  const int64_t T = state.range(0);
+  const int part = int(state.range(1));
+  DeviceBuffer logits(T * kE * 4);
+  fill_random_bf16(logits.get<__nv_bfloat16>(), size_t(T) * kE * 2, 5, nullptr);  // any finite floats
+  auto h = random_bf16(T * kD, 1), w = random_bf16(size_t(kCopies) * kE * kD, 2);
+  std::vector<float> bias_host(kE);
+  for (int e = 0; e < kE; ++e) bias_host[size_t(e)] = 0.01f * float((e * 37) % 11);
+  DeviceBuffer bias = upload(bias_host), ids(T * kK * 4), weights(T * kK * 4);
+  MoeSelectWorkspace ws;
+  MoeRouteParams p;
+  p.num_tokens = int(T);
+  p.num_experts = kE;
+  p.bias = bias.get<float>();
+  p.method = RouteMethod::NoauxTc;
+  p.sigmoid = true;
+  p.top_k = kK;
+  p.n_group = 8;
+  p.topk_group = 4;
+  p.renormalize = true;
+  p.scaling = 2.5f;
+  p.topk_ids = ids.get<int32_t>();
+  p.topk_weights = weights.get<float>();
+  p.logits = logits.get<float>();
+  const double s = bench::run_timed_graph(state, kCopies, [&](cudaStream_t stream, int i) {
+    const __nv_bfloat16* wc = w.get<__nv_bfloat16>() + size_t(i) * kE * kD;
+    if (part == 0) moe_select(h.get<__nv_bfloat16>(), wc, kD, p, ws, stream);
+    else if (part == 1) moe_route(p, stream);
+    else skinny_gemm(h.get<__nv_bfloat16>(), wc, T, kE, kD, logits.get(), true, stream);
+  });
+  report(state, s, double(kE * kD + T * kD) * 2, 2.0 * T * kE * kD);
+}
+
 void BM_MoeFused(benchmark::State& state) {
   MoeInputs m = make_moe(int(state.range(0)));
   MoeExpertsParams p;
@@ -471,6 +511,7 @@ BENCHMARK(BM_MlaPrefill)
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.2);
 BENCHMARK(BM_MoeSelect)->ArgsProduct({{1, 4, 8}, {0, 1}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
+BENCHMARK(BM_MoeSelectV3)->ArgsProduct({{1, 8}, {0, 1, 2}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
 BENCHMARK(BM_MoeFused)
     ->ArgsProduct({{1, 2, 4, 8}, {1, 2}, {4}, {8}})
     ->Args({16, 0, 4, 8})->Args({64, 0, 4, 8})->Args({512, 0, 4, 8})->Args({512, 1, 4, 8})

@@ -20,6 +20,7 @@ struct RouteCase {
   int experts, top_k, n_group, topk_group;
   bool renormalize;
   float scaling;
+  bool coarse = false;  // logits and bias on a coarse grid: scores and group scores tie often
 };
 
 // Host routing as DESIGN.md states it.
@@ -68,8 +69,8 @@ TEST_P(Route, PicksTheSameExpertsAndWeightsAsTheHost) {
   std::mt19937 rng(c.experts * 7 + int(c.method));
   std::normal_distribution<float> nd(0.0f, 2.0f);
   std::vector<float> logits(size_t(T) * c.experts), bias(c.experts);
-  for (auto& v : logits) v = nd(rng);
-  for (auto& v : bias) v = 0.1f * nd(rng);
+  for (auto& v : logits) v = c.coarse ? std::round(nd(rng) / 2) : nd(rng);
+  for (auto& v : bias) v = c.coarse ? 0.25f * std::round(nd(rng)) : 0.1f * nd(rng);
   auto dlogits = upload(logits), dbias = upload(bias);
   auto dids = poisoned(size_t(T) * c.top_k * 4), dw = poisoned(size_t(T) * c.top_k * 4);
   MoeRouteParams p;
@@ -105,7 +106,12 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(RouteCase{RouteMethod::Greedy, false, 64, 6, 1, 1, false, 1.0f},         // V2-Lite
                       RouteCase{RouteMethod::GroupLimitedGreedy, false, 160, 6, 8, 3, false, 16.0f},  // V2
                       RouteCase{RouteMethod::NoauxTc, true, 256, 8, 8, 4, true, 2.5f},      // V3
-                      RouteCase{RouteMethod::Greedy, false, 8, 2, 1, 1, true, 1.0f}));
+                      RouteCase{RouteMethod::Greedy, false, 8, 2, 1, 1, true, 1.0f},
+                      // Groups of 32 (each a lane slot) with max-score groups, and ties
+                      // between experts and between groups (lower index first).
+                      RouteCase{RouteMethod::GroupLimitedGreedy, false, 256, 6, 8, 3, false, 16.0f},
+                      RouteCase{RouteMethod::GroupLimitedGreedy, false, 256, 8, 8, 4, false, 1.0f, true},
+                      RouteCase{RouteMethod::NoauxTc, true, 256, 8, 8, 4, true, 2.5f, true}));
 
 struct ExpertCase {
   int tokens, hidden, inter, experts, top_k, shared;

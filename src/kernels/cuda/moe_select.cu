@@ -35,6 +35,9 @@ __global__ void __launch_bounds__(kThreads)
     const int kk = u * kStep + threadIdx.x * 8;
     if (kk < hidden) first[u] = Bf16x8::load(wr + kk);
   }
+  // The last block's selection reads the correction bias: have it in L2 by then.
+  if (threadIdx.x == 0 && p.bias && p.method == RouteMethod::NoauxTc)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p.bias + e));
   pdl_wait();
   float acc[kMaxT] = {};
   for (int k0 = 0; k0 < hidden; k0 += kPrefetch * kStep) {
