@@ -797,7 +797,7 @@ MoeRouteParams route_params(const Tensor& bias, const RouterParams& rp, int64_t 
 bool CudaBackend::mla_decode_chain(const MlaDecodeChain& c, const DeviceBatch& batch, Tensor out) {
   if (!mla_chain_ || batch.num_tokens != 1 || batch.num_seqs != 1) return false;
   const Weight &qkv = *c.qkv_a, &o = *c.o_proj;
-  if (qkv.is_fp8() || o.is_fp8() || c.w_uk.dtype() != DType::BF16 || c.cache.dtype() != DType::BF16) return false;
+  if (qkv.is_fp8() || o.is_fp8() || c.w_uk.dtype() == DType::F8_E4M3 || c.cache.dtype() != DType::BF16) return false;
   const int64_t D = c.h.dim(-1), H = c.w_uk.dim(0), Dn = c.w_uk.dim(1), L = c.w_uk.dim(2), Dv = c.w_uv.dim(1);
   const int64_t R = 2 * c.inv_freq.numel();
   MLA_CHECK(qkv.out_features() == H * (Dn + R) + L + R && qkv.in_features() == D && o.out_features() == D &&
