@@ -104,6 +104,14 @@ void Scheduler::release_aborted() {
     running_.erase(running_.begin() + long(i));
     release_kv(*r);
     if (!r->final_reported) finish(*r, FinishReason::Abort, RequestOutput{});
+    if (r->awaiting_postprocess) {
+      // Aborted after its token was sampled, before that token was reported
+      // (the engine builds the next step in between): the pending postprocess
+      // still names it, so it stays alive until the next step's sampling, and
+      // its abort was its final output.
+      r->final_reported = true;
+      retired_.push_back(std::move(r));
+    }
   }
   // Retracted, then ended by a stop string while its token was postprocessed.
   std::erase_if(waiting_, [](const std::unique_ptr<Request>& r) { return r->aborted && r->final_reported; });
@@ -489,6 +497,7 @@ void Scheduler::postprocess(SampledStep& step) {
   for (auto& it : step.items) {
     Request& r = *it.request;
     r.awaiting_postprocess = false;
+    if (r.final_reported) continue;  // aborted since it was sampled: already ended
     RequestOutput out;
     out.token_ids = {it.token.id};
     if (r.params.logprobs || r.params.top_logprobs > 0) out.logprobs.push_back(it.token);

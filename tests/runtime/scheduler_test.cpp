@@ -452,6 +452,38 @@ TEST(Scheduler, AbortFreesPagesWaitingAndRunning) {
   h.sched.check_invariants();
 }
 
+TEST(Scheduler, AbortBetweenSamplingAndReportingEndsTheRequestOnce) {
+  // The engine samples step N, applies new commands (a client went away),
+  // builds step N + 1 (which releases aborted requests) and only then
+  // reports N's tokens: the aborted request must outlive that report and
+  // end with its abort, with nothing after it.
+  SchedulerConfig c;
+  c.num_pages = 64;
+  c.enable_radix_cache = false;
+  Harness h(c);
+  uint64_t gone = h.add({1, 2, 3}, greedy(50));
+  uint64_t stays = h.add({4, 5, 6}, greedy(5));
+  auto first = h.sched.next_batch();
+  auto sampled = h.step(*first);
+  h.sched.abort(gone, "client gone");
+  auto next = h.sched.next_batch();
+  h.sched.postprocess(sampled);
+  h.sched.check_invariants();
+  ASSERT_EQ(h.outputs[gone].size(), 1u);
+  EXPECT_EQ(h.last(gone).finish, FinishReason::Abort);
+  EXPECT_EQ(h.last(gone).abort_message, "client gone");
+  while (next) {
+    sampled = h.step(*next);
+    next = h.sched.next_batch();
+    h.sched.postprocess(sampled);
+    h.sched.check_invariants();
+  }
+  EXPECT_EQ(h.outputs[gone].size(), 1u) << "output after the abort";
+  EXPECT_EQ(h.tokens(stays).size(), 5u);
+  EXPECT_EQ(h.last(stays).finish, FinishReason::Length);
+  EXPECT_EQ(h.sched.stats().free_pages, 64);
+}
+
 TEST(Scheduler, LongestPrefixMatchRunsCachedRequestsFirst) {
   SchedulerConfig c;
   c.num_pages = 256;

@@ -177,7 +177,9 @@ def main():
                          b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
             got = b""
             while got.count(b"data: ") < 3:
-                got += sock.recv(4096)
+                chunk = sock.recv(4096)
+                assert chunk, ("the server closed the stream early", got[-200:])
+                got += chunk
             # Reset instead of a polite close: the harshest way to go.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             sock.close()
