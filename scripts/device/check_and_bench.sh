@@ -3,7 +3,7 @@
 # .device-cuda.pack carried (see pack.sh): device facts, the GPU tests, a
 # compute-sanitizer pass over them, and the kernel benchmarks. Logs go to
 # $OUT; the last lines printed are the summary.
-# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|grouped|fp8|model|nopdl|ncu|ncudetail|engine|v3fp8|ncuv3|peer]...
+# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|grouped|fp8|model|nopdl|ncu|ncudetail|engine|v3fp8|v3prefill|ncuv3|peer]...
 # (default: tests sanitize bench model peer). nopdl repeats the model's decode
 # with programmatic dependent launch off (MLASERVE_PDL=0), to show what it buys;
 # ncu times every kernel of a few decode steps of a 4-layer v2-lite with
@@ -126,6 +126,21 @@ for step in "${steps[@]}"; do
           --input ${V3_KV_INPUT:-8192} --output 16 --kv-cache-dtype $kv 2>&1 | tee "$OUT/v3kv_$kv.log"
         summary+=("v3-slice kv $kv: rc=${PIPESTATUS[0]}")
       done
+      ;;
+    v3prefill)
+      # Prefill A/B on v3-slice FP8: this build against a baseline build's
+      # bench_model_cuda carried as .device-base.pack/base.tgz (folder
+      # .device-base), alternating, two rounds each.
+      make_room_for "$V3"
+      [ -f .device-base.pack/base.tgz ] && tar xzf .device-base.pack/base.tgz
+      for round in 1 2; do
+        for build in "$dir" "$PWD/.device-base"; do
+          [ -x "$build/bench_model_cuda" ] || continue
+          "$build/bench_model_cuda" --dir "$V3" --preset v3-slice --dtype fp8 --batches none 2>&1 |
+            grep -E "^\| prefill" | sed "s|^|$(basename "$build") round $round: |" | tee -a "$OUT/v3prefill.log"
+        done
+      done
+      summary+=("v3-slice prefill A/B: $(wc -l < "$OUT/v3prefill.log") rows")
       ;;
     ncuv3)
       make_room_for "$V3"

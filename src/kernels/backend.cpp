@@ -3,6 +3,19 @@
 
 namespace mlaserve {
 
+void Backend::rms_norm_linears(const Tensor& x, const Tensor& norm_w, float eps, Tensor residual,
+                               const std::vector<LinearTarget>& targets) {
+  Tensor normed = alloc(x.shape(), act_dtype());
+  rms_norm(x, norm_w, eps, normed, residual);
+  for (const LinearTarget& t : targets) linear(normed, *t.w, t.out);
+}
+
+void Backend::silu_and_mul_linear(const Tensor& gate_up, const Weight& w, Tensor out) {
+  Tensor hidden = alloc({gate_up.dim(0), gate_up.dim(-1) / 2}, act_dtype());
+  silu_and_mul_gate_up(gate_up, hidden);
+  linear(hidden, w, out);
+}
+
 #ifndef MLASERVE_WITH_CUDA
 std::unique_ptr<Backend> make_cuda_backend(size_t) { return nullptr; }
 std::unique_ptr<DecodeGraphRunner> make_decode_graph_runner(Backend&, const DecodeGraphOptions&, DecodeStepFn) {

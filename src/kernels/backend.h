@@ -33,6 +33,12 @@ struct Weight {
   bool is_fp8() const { return w.dtype() == DType::F8_E4M3; }
 };
 
+// One product of a fused op (Backend::rms_norm_linears): out = input · wᵀ.
+struct LinearTarget {
+  const Weight* w = nullptr;
+  Tensor out;
+};
+
 // A MoE layer's shared experts as the checkpoint stores them: one SwiGLU MLP
 // of intermediate width n_shared * I (I = moe_intermediate_size).
 struct SharedExpertWeights {
@@ -218,6 +224,17 @@ class Backend {
   // out{T, I} = silu(gate_up[:, :I]) * gate_up[:, I:] for gate_up{T, 2I}: the
   // dense MLP's gate and up projections run as one GEMM (rows concatenated).
   virtual void silu_and_mul_gate_up(const Tensor& gate_up, Tensor out) = 0;
+  // The producer of a linear's input and the linear(s) reading it, as one op,
+  // so a backend can hand the product its input in the form it reads: the
+  // CUDA backend quantizes the rows 1x128 inside the norm / SiLU kernel for
+  // block-FP8 weights instead of writing bf16 rows and quantizing them in a
+  // second pass. Results equal the ops in turn (the defaults run them so).
+  // rms_norm(x, norm_w, eps, ·, residual), then linear(·, *t.w, t.out) for
+  // each target; the normed rows themselves are not kept.
+  virtual void rms_norm_linears(const Tensor& x, const Tensor& norm_w, float eps, Tensor residual,
+                                const std::vector<LinearTarget>& targets);
+  // silu_and_mul_gate_up(gate_up, ·), then linear(·, w, out).
+  virtual void silu_and_mul_linear(const Tensor& gate_up, const Weight& w, Tensor out);
   // y += x (same shape)
   virtual void add(Tensor y, const Tensor& x) = 0;
   // Column block copy between row-major matrices: both tensors are viewed as

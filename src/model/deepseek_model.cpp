@@ -86,8 +86,7 @@ void DeepseekModel::run_block(const DecoderLayerWeights& w, const DeviceBatch& b
     backend_.moe_experts(normed, w.moe->experts, tail.topk_ids, tail.topk_weights, mlp_out);
   } else {
     mla_attention(backend_, mla_, w.attn, normed, batch, plan, cache, attn_out, nullptr, input_norm);
-    backend_.rms_norm(attn_out, w.post_attention_layernorm, eps, normed, residual);
-    dense_mlp(backend_, *w.mlp, normed, mlp_out);
+    dense_mlp(backend_, *w.mlp, ResidualNorm{attn_out, residual, w.post_attention_layernorm, eps}, mlp_out);
   }
   x = mlp_out;
 }

@@ -58,7 +58,15 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
     chain->moe_tail = nullptr;
     if (backend.mla_decode_chain(*chain, batch, out)) return false;
   }
-  if (norm_head) backend.rms_norm(norm_head->x, norm_head->norm_weight, norm_head->eps, h, norm_head->residual);
+  // The projections of h; with norm_head, h is formed inside the op that
+  // feeds them (Backend::rms_norm_linears) and never written.
+  auto project = [&](const std::vector<LinearTarget>& targets) {
+    if (norm_head) {
+      backend.rms_norm_linears(norm_head->x, norm_head->norm_weight, norm_head->eps, norm_head->residual, targets);
+      return;
+    }
+    for (const LinearTarget& t : targets) backend.linear(h, *t.w, t.out);
+  };
   auto prepare = [&](const MlaPrepare& p) {
     backend.mla_prepare(p, batch.positions, batch.out_slots, ctx.inv_freq, ctx.cos_sin_scale);
   };
@@ -73,16 +81,15 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
   if (w.fused_qkv_a_proj) {
     const int64_t width = w.fused_qkv_a_proj->out_features();
     Tensor fused = backend.alloc({T, width}, act);
-    backend.linear(h, *w.fused_qkv_a_proj, fused);
+    project({LinearTarget{&*w.fused_qkv_a_proj, fused}});
     q_or_q_a = fused;
     p.kv = fused;
     p.kv_col = width - (L + R);
   } else {
     const Weight& q_first = w.q_proj ? *w.q_proj : *w.q_a_proj;
     q_or_q_a = backend.alloc({T, q_first.out_features()}, act);
-    backend.linear(h, q_first, q_or_q_a);
     p.kv = backend.alloc({T, L + R}, act);
-    backend.linear(h, *w.kv_a_proj_with_mqa, p.kv);
+    project({LinearTarget{&q_first, q_or_q_a}, LinearTarget{&*w.kv_a_proj_with_mqa, p.kv}});
   }
 
   // q's source for the q split: q_proj's columns, or q_b_proj(q_a_layernorm(q_a))

@@ -103,6 +103,65 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8BackendLinear,
                            return fmt::format("m{}_n{}_k{}", info.param.m, info.param.n, info.param.k);
                          });
 
+// The fused producers (Backend::rms_norm_linears, silu_and_mul_linear)
+// quantize inside the norm / SiLU kernel what the ops in turn would write
+// in bf16 and quantize after: the same rows (same reduction order, same
+// bf16 rounding), so the products agree to the GEMM's own rounding. Bound
+// 1e-3: one element quantized one e4m3 step apart moves a 64 x 384 output
+// by ~1e-4; a wrong scale or row moves it by order 1. 64 and 132 rows take
+// the quantizing path (the sm90 kernel, cuBLASLt); 4 rows the ops in turn
+// (the GEMM quantizes decode rows itself).
+class Fp8BackendFusedProducers : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(Fp8BackendFusedProducers, RmsNormLinearsEqualTheOpsInTurn) {
+  MLA_SKIP_WITHOUT_GPU();
+  const int64_t m = GetParam(), k = 512, n0 = 384, n1 = 576;
+  std::mt19937 rng(uint32_t(m + 17));
+  HostFp8Weight w0 = random_fp8_weight(n0, k, rng), w1 = random_fp8_weight(n1, k, rng);
+  std::vector<uint16_t> x = random_activations(m, k, rng), res = random_activations(m, k, rng);
+  std::vector<uint16_t> norm_w = random_activations(1, k, rng);
+  CudaBackend backend;
+  backend.set_fp8_weights(true);
+  const Weight a = backend.load_weight(host_q(w0), host_scale(w0)), b = backend.load_weight(host_q(w1), host_scale(w1));
+  const Tensor dx = upload_bf16(backend, x, {m, k}), dnorm = upload_bf16(backend, norm_w, {k});
+  const Tensor res_fused = upload_bf16(backend, res, {m, k}), res_ops = upload_bf16(backend, res, {m, k});
+  Tensor fused0 = poisoned_output(backend, {m, n0}), fused1 = poisoned_output(backend, {m, n1});
+  Tensor ops0 = poisoned_output(backend, {m, n0}), ops1 = poisoned_output(backend, {m, n1});
+  backend.rms_norm_linears(dx, dnorm, 1e-6f, res_fused, {LinearTarget{&a, fused0}, LinearTarget{&b, fused1}});
+  Tensor normed = backend.alloc({m, k}, DType::BF16);
+  backend.rms_norm(dx, dnorm, 1e-6f, normed, res_ops);
+  backend.linear(normed, a, ops0);
+  backend.linear(normed, b, ops1);
+  EXPECT_EQ(host_floats(backend, res_fused), host_floats(backend, res_ops)) << "residual += x";
+  for (auto [fused, ops] : {std::pair{fused0, ops0}, std::pair{fused1, ops1}}) {
+    const double err = rel_l2(host_floats(backend, fused), as_double(host_floats(backend, ops)));
+    report_fp8("rms_norm_linears vs the ops", fmt::format("M={} N={} K={}", m, ops.dim(1), k).c_str(), err, 1e-3);
+    EXPECT_LT(err, 1e-3);
+  }
+}
+
+TEST_P(Fp8BackendFusedProducers, SiluAndMulLinearEqualsTheOpsInTurn) {
+  MLA_SKIP_WITHOUT_GPU();
+  const int64_t m = GetParam(), inter = 512, n = 384;
+  std::mt19937 rng(uint32_t(m + 29));
+  HostFp8Weight w = random_fp8_weight(n, inter, rng);
+  std::vector<uint16_t> gate_up = random_activations(m, 2 * inter, rng);
+  CudaBackend backend;
+  backend.set_fp8_weights(true);
+  const Weight down = backend.load_weight(host_q(w), host_scale(w));
+  const Tensor dgu = upload_bf16(backend, gate_up, {m, 2 * inter});
+  Tensor fused = poisoned_output(backend, {m, n}), ops = poisoned_output(backend, {m, n});
+  backend.silu_and_mul_linear(dgu, down, fused);
+  Tensor hidden = backend.alloc({m, inter}, DType::BF16);
+  backend.silu_and_mul_gate_up(dgu, hidden);
+  backend.linear(hidden, down, ops);
+  const double err = rel_l2(host_floats(backend, fused), as_double(host_floats(backend, ops)));
+  report_fp8("silu_and_mul_linear vs the ops", fmt::format("M={} N={} I={}", m, n, inter).c_str(), err, 1e-3);
+  EXPECT_LT(err, 1e-3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Rows, Fp8BackendFusedProducers, ::testing::Values(4, 64, 132));
+
 TEST(Fp8Backend, WeightsWithPartialKBlocksAreDequantized) {
   MLA_SKIP_WITHOUT_GPU();
   std::mt19937 rng(7);

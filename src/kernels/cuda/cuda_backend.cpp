@@ -527,13 +527,18 @@ void CudaBackend::linear(const Tensor& x, const Weight& w, Tensor out) {
   matmul(bf(x, "linear", "x"), bf(w.w, "linear", "weight"), row_count(x), N, K, bf(out, "linear", "out"), false);
 }
 
-void CudaBackend::linear_fp8(const Tensor& x, const Weight& w, Tensor out) {
-  const int64_t M = row_count(x), N = w.out_features(), K = w.in_features();
+void CudaBackend::check_fp8_weight(const Weight& w) const {
+  const int64_t N = w.out_features(), K = w.in_features();
   check_dev(w.w, DType::F8_E4M3, "linear", "weight");
   check_dev(w.scale_inv, DType::F32, "linear", "weight scale_inv");
   MLA_CHECK(K % kFp8Group == 0 && w.scale_inv.shape() == Shape({(N + 127) / 128, K / kFp8Group}),
             "linear: FP8 weight {} with scales {} (K must be a multiple of 128)", shape_str(w.w.shape()),
             shape_str(w.scale_inv.shape()));
+}
+
+void CudaBackend::linear_fp8(const Tensor& x, const Weight& w, Tensor out) {
+  const int64_t M = row_count(x), N = w.out_features(), K = w.in_features();
+  check_fp8_weight(w);
   const __nv_bfloat16* xp = bf(x, "linear", "x");
   __nv_bfloat16* op = bf(out, "linear", "out");
   if (M == 0) return;
@@ -544,16 +549,71 @@ void CudaBackend::linear_fp8(const Tensor& x, const Weight& w, Tensor out) {
                           gemm_bytes ? work.raw() : nullptr, stream_);
     return;
   }
-  // One workspace block: x_q {ld, K} e4m3, its scales {K/128, ld}, the GEMM's split-K sums.
-  const int64_t ld = fp8_act_scale_ld(M);
-  const size_t q_bytes = round_up_256(size_t(ld * K)), s_bytes = round_up_256(size_t(ld * (K / kFp8Group)) * 4);
+  auto [rows, work] = alloc_fp8_rows(M, K);
+  quantize_fp8_act(xp, M, K, K, rows.q, rows.scale, rows.scale_ld, stream_);
+  linear_fp8_rows(rows, w, out);
+}
+
+std::pair<CudaBackend::Fp8Rows, Tensor> CudaBackend::alloc_fp8_rows(int64_t rows, int64_t width) {
+  Fp8Rows r;
+  r.rows = rows;
+  r.width = width;
+  r.scale_ld = fp8_act_scale_ld(rows);
+  const size_t q_bytes = round_up_256(size_t(r.scale_ld * width));
+  Tensor work = alloc({int64_t(q_bytes + size_t(r.scale_ld * (width / kFp8Group)) * 4)}, DType::U8);
+  r.q = static_cast<uint8_t*>(work.raw());
+  r.scale = reinterpret_cast<float*>(r.q + q_bytes);
+  return {r, work};
+}
+
+bool CudaBackend::takes_fp8_rows(const std::vector<LinearTarget>& targets, int64_t m, int64_t k) const {
+  if (m == 0 || k % kFp8Group != 0 || targets.empty()) return false;
+  for (const LinearTarget& t : targets)
+    if (!t.w->is_fp8() || t.w->in_features() != k || fp8_linear_->quantizes_in_gemm(m, t.w->out_features(), k))
+      return false;
+  return true;
+}
+
+void CudaBackend::linear_fp8_rows(const Fp8Rows& x, const Weight& w, Tensor out) {
+  const int64_t M = x.rows, N = w.out_features(), K = w.in_features();
+  MLA_CHECK(x.width == K && out.dim(-1) == N && row_count(out) == M, "linear: {} x {} quantized rows · W{}ᵀ into {}",
+            M, x.width, shape_str(w.w.shape()), shape_str(out.shape()));
+  check_fp8_weight(w);
   const size_t gemm_bytes = Fp8Linear::workspace_bytes(M, N, K);
-  Tensor work = alloc({int64_t(q_bytes + s_bytes + gemm_bytes)}, DType::U8);
-  auto* x_q = static_cast<uint8_t*>(work.raw());
-  auto* x_scale = reinterpret_cast<float*>(x_q + q_bytes);
-  quantize_fp8_act(xp, M, K, K, x_q, x_scale, ld, stream_);
-  fp8_linear_->run(x_q, x_scale, ld, w.w.data<uint8_t>(), w.scale_inv.data<float>(), M, N, K, op,
-                   gemm_bytes ? x_q + q_bytes + s_bytes : nullptr, stream_);
+  Tensor work = gemm_bytes ? alloc({int64_t(gemm_bytes)}, DType::U8) : Tensor();
+  fp8_linear_->run(x.q, x.scale, x.scale_ld, w.w.data<uint8_t>(), w.scale_inv.data<float>(), M, N, K,
+                   bf(out, "linear", "out"), gemm_bytes ? work.raw() : nullptr, stream_);
+}
+
+void CudaBackend::rms_norm_linears(const Tensor& x, const Tensor& norm_w, float eps, Tensor residual,
+                                   const std::vector<LinearTarget>& targets) {
+  const int64_t M = row_count(x), K = x.dim(-1);
+  if (!takes_fp8_rows(targets, M, K)) {
+    Backend::rms_norm_linears(x, norm_w, eps, residual, targets);
+    return;
+  }
+  MLA_CHECK(norm_w.numel() == K && (!residual.defined() || residual.numel() == x.numel()),
+            "rms_norm_linears: x {}, norm weight {}", shape_str(x.shape()), shape_str(norm_w.shape()));
+  for (const LinearTarget& t : targets)
+    MLA_CHECK(row_count(t.out) == M, "rms_norm_linears: {} rows into out {}", M, shape_str(t.out.shape()));
+  auto [rows, work] = alloc_fp8_rows(M, K);
+  rms_norm_quantize_fp8(bf(x, "rms_norm_linears", "x"), as_bf16(norm_w, "rms_norm_linears"), eps, M, K,
+                        rows.q, rows.scale, rows.scale_ld,
+                        residual.defined() ? bf(residual, "rms_norm_linears", "residual") : nullptr, stream_);
+  for (const LinearTarget& t : targets) linear_fp8_rows(rows, *t.w, t.out);
+}
+
+void CudaBackend::silu_and_mul_linear(const Tensor& gate_up, const Weight& w, Tensor out) {
+  const int64_t M = row_count(gate_up), I = gate_up.dim(-1) / 2;
+  if (gate_up.dim(-1) % 2 != 0 || !takes_fp8_rows({LinearTarget{&w, out}}, M, I)) {
+    Backend::silu_and_mul_linear(gate_up, w, out);
+    return;
+  }
+  auto [rows, work] = alloc_fp8_rows(M, I);
+  const __nv_bfloat16* gu = bf(gate_up, "silu_and_mul_linear", "gate_up");
+  silu_and_mul_quantize_fp8(gu, gu + I, 2 * I, M, I, rows.q, rows.scale,
+                            rows.scale_ld, stream_);
+  linear_fp8_rows(rows, w, out);
 }
 
 void CudaBackend::linear_f32_out(const Tensor& x, const Weight& w, Tensor out) {

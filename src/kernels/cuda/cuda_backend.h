@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <unordered_map>
+#include <utility>
 
 #include "kernels/backend.h"
 #include "kernels/cuda/device_allocator.h"
@@ -47,6 +48,9 @@ class CudaBackend final : public Backend {
   void rope(Tensor x, int offset, const Tensor& positions, const Tensor& inv_freq, float cos_sin_scale) override;
   void silu_and_mul(const Tensor& gate, const Tensor& up, Tensor out) override;
   void silu_and_mul_gate_up(const Tensor& gate_up, Tensor out) override;
+  void rms_norm_linears(const Tensor& x, const Tensor& norm_w, float eps, Tensor residual,
+                        const std::vector<LinearTarget>& targets) override;
+  void silu_and_mul_linear(const Tensor& gate_up, const Weight& w, Tensor out) override;
   void add(Tensor y, const Tensor& x) override;
   void copy_columns(const Tensor& src, int64_t src_col, Tensor dst, int64_t dst_col, int64_t n) override;
   void scatter_rows(Tensor cache, const Tensor& rows, const Tensor& slots) override;
@@ -98,8 +102,23 @@ class CudaBackend final : public Backend {
               bool out_f32);
   // A host block-FP8 weight the FP8 kernels can run as stored.
   bool keeps_fp8(const Tensor& w, const Tensor& scale_inv) const;
+  // A block-FP8 weight on the device with its scales, K a multiple of 128.
+  void check_fp8_weight(const Weight& w) const;
   // out{M, N} bf16 = x · dequant(w)ᵀ with x quantized per token per 128 channels.
   void linear_fp8(const Tensor& x, const Weight& w, Tensor out);
+  // Rows quantized 1x128 (fp8_quant.h's layout), the input of FP8 linears.
+  struct Fp8Rows {
+    uint8_t* q = nullptr;
+    float* scale = nullptr;
+    int64_t rows = 0, width = 0, scale_ld = 0;
+  };
+  // Workspace for rows x width quantized: q first, then the scales.
+  std::pair<Fp8Rows, Tensor> alloc_fp8_rows(int64_t rows, int64_t width);
+  // Whether every target is a block-FP8 linear of K-wide input that takes
+  // m rows quantized ahead of the GEMM (not inside it: decode rows).
+  bool takes_fp8_rows(const std::vector<LinearTarget>& targets, int64_t m, int64_t k) const;
+  // linear_fp8's product from rows already quantized.
+  void linear_fp8_rows(const Fp8Rows& x, const Weight& w, Tensor out);
   // head_bmm's transposed product from block-FP8 w {H, N, K}.
   void head_bmm_fp8(const Tensor& x, const Weight& w, Tensor out);
   // The stacks behind load_experts: E routed experts then the shared slices
