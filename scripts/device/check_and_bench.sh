@@ -3,7 +3,7 @@
 # .device-cuda.pack carried (see pack.sh): device facts, the GPU tests, a
 # compute-sanitizer pass over them, and the kernel benchmarks. Logs go to
 # $OUT; the last lines printed are the summary.
-# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|grouped|fp8|model|nopdl|ncu|ncudetail|engine|v3fp8|v3prefill|ncuv3|peer]...
+# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|grouped|fp8|model|nopdl|ncu|ncudetail|engine|v3fp8|ab|ncuv3|peer]...
 # (default: tests sanitize bench model peer). nopdl repeats the model's decode
 # with programmatic dependent launch off (MLASERVE_PDL=0), to show what it buys;
 # ncu times every kernel of a few decode steps of a 4-layer v2-lite with
@@ -127,20 +127,24 @@ for step in "${steps[@]}"; do
         summary+=("v3-slice kv $kv: rc=${PIPESTATUS[0]}")
       done
       ;;
-    v3prefill)
-      # Prefill A/B on v3-slice FP8: this build against a baseline build's
-      # bench_model_cuda carried as .device-base.pack/base.tgz (folder
-      # .device-base), alternating, two rounds each.
-      make_room_for "$V3"
+    ab)
+      # A/B of bench_model_cuda: this build against a baseline build carried
+      # as .device-base.pack/base.tgz (folder .device-base), alternating, three
+      # rounds each, table rows only. AB_V3=1: v3-slice in block-FP8 (else
+      # v2-lite bf16); AB_ARGS: the benchmark's options (default: decode at
+      # bs 1, output 128, no prefill).
+      ckpt=$CKPT model_args=()
+      [ -n "${AB_V3:-}" ] && ckpt=$V3 model_args=(--preset v3-slice --dtype fp8)
+      make_room_for "$ckpt"
       [ -f .device-base.pack/base.tgz ] && tar xzf .device-base.pack/base.tgz
-      for round in 1 2; do
+      for round in 1 2 3; do
         for build in "$dir" "$PWD/.device-base"; do
           [ -x "$build/bench_model_cuda" ] || continue
-          "$build/bench_model_cuda" --dir "$V3" --preset v3-slice --dtype fp8 --batches none 2>&1 |
-            grep -E "^\| prefill" | sed "s|^|$(basename "$build") round $round: |" | tee -a "$OUT/v3prefill.log"
+          "$build/bench_model_cuda" --dir "$ckpt" "${model_args[@]}" ${AB_ARGS:---batches 1 --prefill 0 --output 128} 2>&1 |
+            grep -E "^\| (prefill|decode)" | sed "s|^|$(basename "$build") round $round: |" | tee -a "$OUT/ab.log"
         done
       done
-      summary+=("v3-slice prefill A/B: $(wc -l < "$OUT/v3prefill.log") rows")
+      summary+=("A/B: $(wc -l < "$OUT/ab.log") rows")
       ;;
     ncuv3)
       make_room_for "$V3"

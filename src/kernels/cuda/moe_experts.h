@@ -44,7 +44,9 @@ enum class MoePath { Auto, Grouped, Small, Sm90 };
 
 // Launch shape of the small path (benchmarks sweep it; Auto uses the default).
 struct MoeSmallTuning {
-  int gate_up_cols_per_warp = 4;  // intermediate columns (a gate and an up row each) per warp: 1, 2, 4
+  // Intermediate columns (a gate and an up row each) per warp: 1, 2, 4; 0: by
+  // batch (kSmallGateUpColsOneToken for one token, else 4).
+  int gate_up_cols_per_warp = 0;
   int down_rows_per_warp = 8;     // output rows one warp owns (a down block: 8 warps): 2, 4, 8
 };
 

@@ -35,6 +35,13 @@ namespace mlaserve::cuda {
 namespace {
 
 constexpr int kSmallGateUpWarps = 4, kSmallDownWarps = 8;
+// gate_up columns a warp owns at one token: half the default's, so twice the
+// blocks (v2-lite: 176 per slot instead of 88) spread the slots' weight
+// stream over more SMs. One token, 2 against 4 columns (perf.md session 14):
+// v2-lite bf16 (BM_MoeFused) 42.0 against 45.7 us on an H200, 56.2 against
+// 58.0 on an H100; V3 block-FP8 (BM_Fp8Moe) 143.8 against 150.7 us (H100).
+// At 4 tokens 4 columns stay faster (126.5 against 129.7 us, H200).
+constexpr int kSmallGateUpColsOneToken = 2;
 constexpr int kSmallMaxSlotsPerToken = 16;
 
 // n (a multiple of 8) bf16 values at p as f32.
@@ -419,6 +426,7 @@ void run_small_moe(const SmallMoeArgs<Stacks>& a, int gate_up_cols, int down_row
   MLA_CUDA_REQUIRE(a.num_tokens >= 1 && a.num_tokens <= 8 && a.slots.per_token() <= kSmallMaxSlotsPerToken &&
                        a.hidden % Stacks::kElems == 0 && a.inter % Stacks::kElems == 0,
                    std::string(op) + ": the small path takes 1 to 8 tokens of at most 16 slots");
+  if (gate_up_cols == 0) gate_up_cols = a.num_tokens == 1 ? kSmallGateUpColsOneToken : 4;
   if (a.num_tokens <= 1) launch_small_moe<Stacks, 1>(a, gate_up_cols, down_rows_per_warp, workspace, stream, op);
   else if (a.num_tokens <= 2) launch_small_moe<Stacks, 2>(a, gate_up_cols, down_rows_per_warp, workspace, stream, op);
   else if (a.num_tokens <= 4) launch_small_moe<Stacks, 4>(a, gate_up_cols, down_rows_per_warp, workspace, stream, op);
