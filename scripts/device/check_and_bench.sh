@@ -129,15 +129,15 @@ for step in "${steps[@]}"; do
       ;;
     ab)
       # A/B of bench_model_cuda: this build against a baseline build carried
-      # as .device-base.pack/base.tgz (folder .device-base), alternating, three
-      # rounds each, table rows only. AB_V3=1: v3-slice in block-FP8 (else
+      # as .device-base.pack/base.tgz (folder .device-base), alternating, AB_ROUNDS
+      # (default 3) rounds each, table rows only. AB_V3=1: v3-slice in block-FP8 (else
       # v2-lite bf16); AB_ARGS: the benchmark's options (default: decode at
       # bs 1, output 128, no prefill).
       ckpt=$CKPT model_args=()
       [ -n "${AB_V3:-}" ] && ckpt=$V3 model_args=(--preset v3-slice --dtype fp8)
       make_room_for "$ckpt"
       [ -f .device-base.pack/base.tgz ] && tar xzf .device-base.pack/base.tgz
-      for round in 1 2 3; do
+      for round in $(seq "${AB_ROUNDS:-3}"); do
         for build in "$dir" "$PWD/.device-base"; do
           [ -x "$build/bench_model_cuda" ] || continue
           "$build/bench_model_cuda" --dir "$ckpt" "${model_args[@]}" ${AB_ARGS:---batches 1 --prefill 0 --output 128} 2>&1 |

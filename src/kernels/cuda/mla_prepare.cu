@@ -6,6 +6,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/fp8_kv_cache.cuh"
+#include "kernels/cuda/rope_rotate.cuh"
 
 namespace mlaserve::cuda {
 namespace {
@@ -28,12 +29,11 @@ __device__ void norm_row(const __nv_bfloat16* x, const __nv_bfloat16* w, int n, 
     out[i] = __float2bfloat16_rn(__bfloat162float(x[i]) * inv_rms * __bfloat162float(w[i]));
 }
 
-// rope_kernel's rotation of pair i with cs = {cos, sin} already scaled.
-__device__ __forceinline__ void rotate_pair(const __nv_bfloat16* src, const float* cs, int i, __nv_bfloat16* dst) {
-  const float a = __bfloat162float(src[2 * i]), b = __bfloat162float(src[2 * i + 1]);
-  const float c = cs[2 * i], s = cs[2 * i + 1];
-  dst[2 * i] = __float2bfloat16_rn(a * c - b * s);
-  dst[2 * i + 1] = __float2bfloat16_rn(b * c + a * s);
+// rope_kernel's rotation of pair i with cs[i] = rope_cos_sin(...).
+__device__ __forceinline__ void rotate_pair(const __nv_bfloat16* src, const float2* cs, int i, __nv_bfloat16* dst) {
+  const __nv_bfloat162 r = rope_rotate(__bfloat162float(src[2 * i]), __bfloat162float(src[2 * i + 1]), cs[i]);
+  dst[2 * i] = r.x;
+  dst[2 * i + 1] = r.y;
 }
 
 __global__ void __launch_bounds__(kThreads) mla_prepare_kernel(MlaPrepareParams p) {
@@ -46,15 +46,10 @@ __global__ void __launch_bounds__(kThreads) mla_prepare_kernel(MlaPrepareParams 
   }
   if ((part == kLatentWrite && !p.cache && !p.fp8_cache) || (part == kQSplit && !p.q_pe_out)) return;
 
-  // cos/sin of this token's angles, formed in f32 as rope_kernel does.
-  __shared__ float cs[2 * kMaxFreqs];
+  // cos/sin of this token's angles, as rope_kernel forms them.
+  __shared__ float2 cs[kMaxFreqs];
   const float pos = float(p.positions[t]);
-  for (int i = threadIdx.x; i < p.num_freqs; i += blockDim.x) {
-    float s, c;
-    sincosf(pos * p.inv_freq[i], &s, &c);
-    cs[2 * i] = c * p.cos_sin_scale;
-    cs[2 * i + 1] = s * p.cos_sin_scale;
-  }
+  for (int i = threadIdx.x; i < p.num_freqs; i += blockDim.x) cs[i] = rope_cos_sin(pos, p.inv_freq[i], p.cos_sin_scale);
   __syncthreads();
   const int R = 2 * p.num_freqs;
 

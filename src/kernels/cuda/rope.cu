@@ -2,12 +2,12 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/rope_rotate.cuh"
 
 namespace mlaserve::cuda {
 namespace {
 
-// One thread a pair; the angle is formed in f32 as the reference does, and
-// sincosf (not __sincosf) keeps large angles (long positions) accurate.
+// One thread a pair (rope_rotate.cuh's arithmetic).
 __global__ void rope_kernel(__nv_bfloat16* x, int64_t num_pairs, int64_t heads, int64_t row_stride,
                             int64_t offset, const int32_t* positions, const float* inv_freq, int num_freqs,
                             float scale) {
@@ -16,14 +16,9 @@ __global__ void rope_kernel(__nv_bfloat16* x, int64_t num_pairs, int64_t heads, 
   if (p >= num_pairs) return;
   const int i = int(p % num_freqs);
   const int64_t row = p / num_freqs;
-  const float angle = float(positions[row / heads]) * inv_freq[i];
-  float s, c;
-  sincosf(angle, &s, &c);
-  c *= scale;
-  s *= scale;
   auto* pair = reinterpret_cast<__nv_bfloat162*>(x + row * row_stride + offset) + i;
   const float2 v = __bfloat1622float2(*pair);
-  *pair = __floats2bfloat162_rn(v.x * c - v.y * s, v.y * c + v.x * s);
+  *pair = rope_rotate(v.x, v.y, rope_cos_sin(float(positions[row / heads]), inv_freq[i], scale));
 }
 
 }  // namespace
