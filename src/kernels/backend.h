@@ -139,11 +139,12 @@ struct MlaChainMoeTail {
   Tensor topk_ids, topk_weights;  // {T, top_k}
 };
 
-// What may precede the chain in the same op: the block's input norm with
-// the residual add (rms_norm's semantics: residual += x in place, h =
-// rmsnorm(residual) * norm_weight). The chain then forms h itself and
-// neither reads nor writes the h tensor.
-struct MlaChainNormHead {
+// A pre-norm with the residual add, formed by the op that reads h
+// (rms_norm's semantics: residual += x in place, h = rmsnorm(residual) *
+// norm_weight): the block's input norm ahead of the decode chain (which then
+// neither reads nor writes the h tensor) and the post-attention norm ahead
+// of the dense MLP.
+struct ResidualNorm {
   Tensor x, residual;  // {T, D}: the previous block's output, the residual stream
   Tensor norm_weight;  // {D}
   float eps = 1e-6f;
@@ -163,7 +164,7 @@ struct MlaDecodeChain {
   Tensor inv_freq;                 // {R / 2}
   float cos_sin_scale = 1.0f, eps = 1e-6f, softmax_scale = 1.0f;
   const MlaChainMoeTail* moe_tail = nullptr;    // also do the MoE layer's start
-  const MlaChainNormHead* norm_head = nullptr;  // also do the block's input norm
+  const ResidualNorm* norm_head = nullptr;  // also do the block's input norm
 };
 
 class Backend {

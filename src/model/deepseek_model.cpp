@@ -55,8 +55,8 @@ void DeepseekModel::run_block(const DecoderLayerWeights& w, const DeviceBatch& b
   Tensor normed = backend_.alloc(x.shape(), act);
   // The input norm with the residual add, done by the attention op (inside
   // the one-token chain kernel on CUDA, which then waits on the MoE alone).
-  const MlaChainNormHead head{x, residual, w.input_layernorm, eps};
-  const MlaChainNormHead* input_norm = first ? nullptr : &head;
+  const ResidualNorm head{x, residual, w.input_layernorm, eps};
+  const ResidualNorm* input_norm = first ? nullptr : &head;
   if (first) {
     residual = x;  // the block input starts the residual stream
     backend_.rms_norm(x, w.input_layernorm, eps, normed);

@@ -7,13 +7,6 @@
 
 namespace mlaserve {
 
-// The block's post-attention norm, formed by the MLP's first op:
-// residual += x in place, h = rmsnorm(residual) * weight.
-struct ResidualNorm {
-  Tensor x, residual, weight;
-  float eps = 1e-6f;
-};
-
 // out{T, D} = down(silu(gate(h)) * up(h)), h from `in`; the norm and the
 // SiLU run inside the ops that feed the projections (Backend::rms_norm_linears,
 // silu_and_mul_linear), so an FP8 backend quantizes h and the SiLU output as

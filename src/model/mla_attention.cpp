@@ -45,7 +45,7 @@ std::optional<MlaDecodeChain> decode_chain(const MlaContext& ctx, const MlaWeigh
 
 bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w, const Tensor& h,
                    const DeviceBatch& batch, const MlaBatchPlan& plan, Tensor cache, Tensor out,
-                   const MlaChainMoeTail* moe_tail, const MlaChainNormHead* norm_head) {
+                   const MlaChainMoeTail* moe_tail, const ResidualNorm* norm_head) {
   const ModelConfig& c = *ctx.config;
   const int64_t T = h.dim(0), H = c.num_attention_heads, L = c.kv_lora_rank, R = c.qk_rope_head_dim;
   const int64_t Dn = c.qk_nope_head_dim, Dv = c.v_head_dim, Nq = H * (Dn + R);

@@ -75,6 +75,6 @@ std::optional<MlaDecodeChain> decode_chain(const MlaContext& ctx, const MlaWeigh
 // the backend's chain does not take it).
 bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w, const Tensor& h,
                    const DeviceBatch& batch, const MlaBatchPlan& plan, Tensor cache, Tensor out,
-                   const MlaChainMoeTail* moe_tail = nullptr, const MlaChainNormHead* norm_head = nullptr);
+                   const MlaChainMoeTail* moe_tail = nullptr, const ResidualNorm* norm_head = nullptr);
 
 }  // namespace mlaserve

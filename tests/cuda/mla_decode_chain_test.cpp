@@ -194,7 +194,7 @@ TEST_F(MlaDecodeChain, MatchesTheOpByOpPathAndTheCpuReference) {
   }
 }
 
-// With the block's input norm folded in (MlaChainNormHead): the kernel forms
+// With the block's input norm folded in (ResidualNorm): the kernel forms
 // h from the residual stream and the previous block's output itself. Against
 // rms_norm (with the residual) and the op-by-op attention: the same output
 // up to summation order, and the same residual stream bit for bit (both
@@ -227,7 +227,7 @@ TEST_F(MlaDecodeChain, NormHeadMatchesRmsNormThenTheOps) {
     mla_attention(gpu, ctx, w_gpu, ops_h, db, MlaBatchPlan::whole(true), gpu.load_tensor(cache.as(DType::BF16)), ops_out);
 
     gpu.set_mla_chain(true);
-    const MlaChainNormHead head{x_gpu, gpu.load_tensor(residual.as(DType::BF16)), gn, kEps};
+    const ResidualNorm head{x_gpu, gpu.load_tensor(residual.as(DType::BF16)), gn, kEps};
     Tensor chain_h = gpu.alloc({1, D}, DType::BF16), chain_out = gpu.alloc({1, D}, DType::BF16);
     auto chain = decode_chain(ctx, w_gpu, chain_h, gpu.load_tensor(cache.as(DType::BF16)));
     ASSERT_TRUE(chain);

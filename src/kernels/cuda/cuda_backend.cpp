@@ -578,7 +578,6 @@ void CudaBackend::linear_fp8_rows(const Fp8Rows& x, const Weight& w, Tensor out)
   const int64_t M = x.rows, N = w.out_features(), K = w.in_features();
   MLA_CHECK(x.width == K && out.dim(-1) == N && row_count(out) == M, "linear: {} x {} quantized rows · W{}ᵀ into {}",
             M, x.width, shape_str(w.w.shape()), shape_str(out.shape()));
-  check_fp8_weight(w);
   const size_t gemm_bytes = Fp8Linear::workspace_bytes(M, N, K);
   Tensor work = gemm_bytes ? alloc({int64_t(gemm_bytes)}, DType::U8) : Tensor();
   fp8_linear_->run(x.q, x.scale, x.scale_ld, w.w.data<uint8_t>(), w.scale_inv.data<float>(), M, N, K,
@@ -594,8 +593,10 @@ void CudaBackend::rms_norm_linears(const Tensor& x, const Tensor& norm_w, float 
   }
   MLA_CHECK(norm_w.numel() == K && (!residual.defined() || residual.numel() == x.numel()),
             "rms_norm_linears: x {}, norm weight {}", shape_str(x.shape()), shape_str(norm_w.shape()));
-  for (const LinearTarget& t : targets)
+  for (const LinearTarget& t : targets) {
+    check_fp8_weight(*t.w);
     MLA_CHECK(row_count(t.out) == M, "rms_norm_linears: {} rows into out {}", M, shape_str(t.out.shape()));
+  }
   auto [rows, work] = alloc_fp8_rows(M, K);
   rms_norm_quantize_fp8(bf(x, "rms_norm_linears", "x"), as_bf16(norm_w, "rms_norm_linears"), eps, M, K,
                         rows.q, rows.scale, rows.scale_ld,
@@ -609,10 +610,10 @@ void CudaBackend::silu_and_mul_linear(const Tensor& gate_up, const Weight& w, Te
     Backend::silu_and_mul_linear(gate_up, w, out);
     return;
   }
+  check_fp8_weight(w);
   auto [rows, work] = alloc_fp8_rows(M, I);
   const __nv_bfloat16* gu = bf(gate_up, "silu_and_mul_linear", "gate_up");
-  silu_and_mul_quantize_fp8(gu, gu + I, 2 * I, M, I, rows.q, rows.scale,
-                            rows.scale_ld, stream_);
+  silu_and_mul_quantize_fp8(gu, gu + I, 2 * I, M, I, rows.q, rows.scale, rows.scale_ld, stream_);
   linear_fp8_rows(rows, w, out);
 }
 
@@ -886,7 +887,7 @@ bool CudaBackend::mla_decode_chain(const MlaDecodeChain& c, const DeviceBatch& b
   p.softmax_scale = c.softmax_scale;
   p.out = bf(out, "mla_decode_chain", "out");
   if (c.norm_head) {
-    const MlaChainNormHead& n = *c.norm_head;
+    const ResidualNorm& n = *c.norm_head;
     MLA_CHECK(n.x.shape() == c.h.shape() && n.residual.shape() == c.h.shape() && n.norm_weight.numel() == D,
               "mla_decode_chain: norm head x {}, residual {}, norm {} for h {}", shape_str(n.x.shape()),
               shape_str(n.residual.shape()), shape_str(n.norm_weight.shape()), shape_str(c.h.shape()));

@@ -117,7 +117,7 @@ class CudaBackend final : public Backend {
   // Whether every target is a block-FP8 linear of K-wide input that takes
   // m rows quantized ahead of the GEMM (not inside it: decode rows).
   bool takes_fp8_rows(const std::vector<LinearTarget>& targets, int64_t m, int64_t k) const;
-  // linear_fp8's product from rows already quantized.
+  // linear_fp8's product from rows already quantized (w checked by the caller).
   void linear_fp8_rows(const Fp8Rows& x, const Weight& w, Tensor out);
   // head_bmm's transposed product from block-FP8 w {H, N, K}.
   void head_bmm_fp8(const Tensor& x, const Weight& w, Tensor out);
