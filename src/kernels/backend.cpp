@@ -16,6 +16,14 @@ void Backend::silu_and_mul_linear(const Tensor& gate_up, const Weight& w, Tensor
   linear(hidden, w, out);
 }
 
+void Backend::mla_attention_expanded_linear(const Tensor& q, const Tensor& kv, const Tensor& k_pe,
+                                            const DeviceBatch& batch, float scale, const Weight& w, Tensor out) {
+  const int64_t T = q.dim(0), H = q.dim(1), Dv = kv.dim(2) - (q.dim(2) - k_pe.dim(1));
+  Tensor attn = alloc({T, H, Dv}, act_dtype());
+  mla_attention_expanded(q, kv, k_pe, batch, scale, attn);
+  linear(attn.view({T, H * Dv}), w, out);
+}
+
 #ifndef MLASERVE_WITH_CUDA
 std::unique_ptr<Backend> make_cuda_backend(size_t) { return nullptr; }
 std::unique_ptr<DecodeGraphRunner> make_decode_graph_runner(Backend&, const DecodeGraphOptions&, DecodeStepFn) {

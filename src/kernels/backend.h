@@ -292,6 +292,11 @@ class Backend {
   // out{T, H, Dv}. Scores = (q_nope·k_nope + q_pe·k_pe) * scale, causal.
   virtual void mla_attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& k_pe,
                                       const DeviceBatch& batch, float scale, Tensor out) = 0;
+  // mla_attention_expanded, then linear(·{T, H Dv}, w, out): the attention
+  // output feeding o_proj, as one op like rms_norm_linears (the CUDA backend
+  // writes block-FP8 rows from the attention kernel for a block-FP8 w).
+  virtual void mla_attention_expanded_linear(const Tensor& q, const Tensor& kv, const Tensor& k_pe,
+                                             const DeviceBatch& batch, float scale, const Weight& w, Tensor out);
 
   // Router: logits{T, E} F32 (from linear_f32_out), bias{E} (NoauxTc's
   // e_score_correction_bias) or undefined. topk_ids I32 {T, k},

@@ -111,7 +111,6 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
   // A q of exactly Nq columns is {T, H, Dn + R}: q_nope is read and q_pe roped in place.
   const bool q_alone = p.q.dim(-1) == Nq;
 
-  Tensor attn = backend.alloc({T, H, Dv}, act);
   // The absorbed form for the part's tokens, q_nope{Ta, H, Dn or wider}: its
   // roped q_pe is already in q_cat's last R columns.
   auto absorbed_core = [&](const Tensor& q_nope, Tensor q_cat, const DeviceBatch& part, Tensor out_rows) {
@@ -121,9 +120,12 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
     backend.mla_attention_absorbed(q_cat, cache, part, ctx.softmax_scale, o_latent);
     backend.head_bmm(o_latent, w.w_uv, /*transpose_w=*/true, out_rows);
   };
-  // The expanded form of q{Te, H, Dn + R} (q_pe roped) over the part's kv
-  // tokens, cached prefix included.
-  auto expanded_core = [&](const Tensor& q, const DeviceBatch& part, Tensor out_rows) {
+  // The expanded form's keys and values over the part's kv tokens, cached
+  // prefix included: kv{Lk, H, Dn + Dv} = kv_b_proj(c_kv) and k_pe{Lk, R}.
+  struct ExpandedKv {
+    Tensor kv, k_pe;
+  };
+  auto expanded_kv = [&](const DeviceBatch& part) {
     const int64_t Lk = part.kv_slots.numel();
     Tensor rows = backend.alloc({Lk, L + R}, act);
     backend.gather_rows(cache, part.kv_slots, rows);
@@ -133,7 +135,7 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
     backend.copy_columns(rows, L, k_pe, 0, R);
     Tensor kv = backend.alloc({Lk, H * (Dn + Dv)}, act);
     backend.linear(kv_c, w.kv_b_proj, kv);
-    backend.mla_attention_expanded(q, kv.view({Lk, H, Dn + Dv}), k_pe, part, ctx.softmax_scale, out_rows);
+    return ExpandedKv{kv.view({Lk, H, Dn + Dv}), k_pe};
   };
   if (absorbed) {
     // q_cat{T, H, L + R} = [q_nope · W_UK | rope(q_pe)], the rows the attention
@@ -144,7 +146,9 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
     p.q_pe_out = q_cat;
     p.q_pe_col = L;
     prepare(p);
+    Tensor attn = backend.alloc({T, H, Dv}, act);
     absorbed_core(q_nope, q_cat, batch, attn);
+    backend.linear(attn.view({T, H * Dv}), w.o_proj, out);
   } else {
     // q{T, H, Dn + R} with q_pe roped.
     Tensor q = q_alone ? p.q.view({T, H, Dn + R}) : backend.alloc({T, H, Dn + R}, act);
@@ -158,13 +162,18 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
       const Tensor q_a = q.slice_rows(0, Ta);
       Tensor q_cat = backend.alloc({Ta, H, L + R}, act);
       backend.copy_columns(q_a.view({Ta * H, Dn + R}), Dn, q_cat.view({Ta * H, L + R}), L, R);
+      Tensor attn = backend.alloc({T, H, Dv}, act);
       absorbed_core(q_a, q_cat, plan.absorbed_part, attn.slice_rows(0, Ta));
-      expanded_core(q.slice_rows(Ta, T), plan.expanded_part, attn.slice_rows(Ta, T));
+      const ExpandedKv e = expanded_kv(plan.expanded_part);
+      backend.mla_attention_expanded(q.slice_rows(Ta, T), e.kv, e.k_pe, plan.expanded_part, ctx.softmax_scale,
+                                     attn.slice_rows(Ta, T));
+      backend.linear(attn.view({T, H * Dv}), w.o_proj, out);
     } else {
-      expanded_core(q, batch, attn);
+      // The attention output feeds o_proj in one op (block-FP8 rows on CUDA).
+      const ExpandedKv e = expanded_kv(batch);
+      backend.mla_attention_expanded_linear(q, e.kv, e.k_pe, batch, ctx.softmax_scale, w.o_proj, out);
     }
   }
-  backend.linear(attn.view({T, H * Dv}), w.o_proj, out);
   return false;
 }
 

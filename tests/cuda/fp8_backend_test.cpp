@@ -27,6 +27,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/fp8_linear.h"
 #include "kernels/cuda/grouped_gemm_sm90.h"
+#include "model/kv_cache.h"
 
 namespace mlaserve::cuda::testing {
 namespace {
@@ -157,6 +158,34 @@ TEST_P(Fp8BackendFusedProducers, SiluAndMulLinearEqualsTheOpsInTurn) {
   backend.linear(hidden, down, ops);
   const double err = rel_l2(host_floats(backend, fused), as_double(host_floats(backend, ops)));
   report_fp8("silu_and_mul_linear vs the ops", fmt::format("M={} N={} I={}", m, n, inter).c_str(), err, 1e-3);
+  EXPECT_LT(err, 1e-3);
+}
+
+// The attention output straight into o_proj's block-FP8 rows (one 1x128
+// group a token and head), against the bf16 output quantized by the linear.
+TEST_P(Fp8BackendFusedProducers, ExpandedAttentionLinearEqualsTheOpsInTurn) {
+  MLA_SKIP_WITHOUT_GPU();
+  const int64_t m = GetParam(), heads = 4, dn = 128, r = 64, dv = 128, n = 384;
+  const float scale = 0.07f;
+  std::mt19937 rng(uint32_t(m + 41));
+  HostFp8Weight w = random_fp8_weight(n, heads * dv, rng);
+  std::vector<uint16_t> q = random_activations(m, heads * (dn + r), rng);
+  std::vector<uint16_t> kv = random_activations(m, heads * (dn + dv), rng), k_pe = random_activations(m, r, rng);
+  CudaBackend backend;
+  backend.set_fp8_weights(true);
+  const Weight o_proj = backend.load_weight(host_q(w), host_scale(w));
+  const std::vector<int32_t> ids(size_t(m), 1);
+  const DeviceBatch batch = backend.prepare_batch(contiguous_sequence_batch(ids, 0, false));
+  const Tensor dq = upload_bf16(backend, q, {m, heads, dn + r}), dkv = upload_bf16(backend, kv, {m, heads, dn + dv});
+  const Tensor dpe = upload_bf16(backend, k_pe, {m, r});
+  Tensor fused = poisoned_output(backend, {m, n}), ops = poisoned_output(backend, {m, n});
+  backend.mla_attention_expanded_linear(dq, dkv, dpe, batch, scale, o_proj, fused);
+  Tensor attn = backend.alloc({m, heads, dv}, DType::BF16);
+  backend.mla_attention_expanded(dq, dkv, dpe, batch, scale, attn);
+  backend.linear(attn.view({m, heads * dv}), o_proj, ops);
+  const double err = rel_l2(host_floats(backend, fused), as_double(host_floats(backend, ops)));
+  report_fp8("mla_attention_expanded_linear vs the ops", fmt::format("M={} H={} N={}", m, heads, n).c_str(), err,
+             1e-3);
   EXPECT_LT(err, 1e-3);
 }
 

@@ -919,19 +919,21 @@ bool CudaBackend::mla_decode_chain(const MlaDecodeChain& c, const DeviceBatch& b
   return true;
 }
 
-void CudaBackend::mla_attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& k_pe,
-                                         const DeviceBatch& batch, float scale, Tensor out) {
-  const int64_t T = q.dim(0), H = q.dim(1), Dv = out.dim(2), Dn = kv.dim(2) - Dv, R = k_pe.dim(1);
-  MLA_CHECK(T == batch.num_tokens && q.dim(2) == Dn + R && kv.dim(1) == H && out.shape() == Shape({T, H, Dv}) &&
-                kv.dim(0) == k_pe.dim(0),
-            "mla_attention_expanded: q {}, kv {}, k_pe {}, out {}", shape_str(q.shape()), shape_str(kv.shape()),
-            shape_str(k_pe.shape()), shape_str(out.shape()));
+namespace {
+
+// The kernel's parameters but its output, for q{T, H, Dn + R}, kv{Lk, H, Dn + Dv}, k_pe{Lk, R}.
+MlaExpandedParams expanded_params(const Tensor& q, const Tensor& kv, const Tensor& k_pe, const DeviceBatch& batch,
+                                  float scale, int64_t Dv, const char* op) {
+  const int64_t T = q.dim(0), H = q.dim(1), Dn = kv.dim(2) - Dv, R = k_pe.dim(1);
+  MLA_CHECK(T == batch.num_tokens && q.dim(2) == Dn + R && kv.dim(1) == H && kv.dim(0) == k_pe.dim(0),
+            "{}: q {}, kv {}, k_pe {} (v width {})", op, shape_str(q.shape()), shape_str(kv.shape()),
+            shape_str(k_pe.shape()), Dv);
   MlaExpandedParams p;
-  p.q = bf(q, "mla_attention_expanded", "q");
-  p.kv = bf(kv, "mla_attention_expanded", "kv");
-  p.k_pe = bf(k_pe, "mla_attention_expanded", "k_pe");
-  p.q_indptr = i32(batch.q_indptr, "mla_attention_expanded", "q_indptr");
-  p.kv_indptr = i32(batch.kv_indptr, "mla_attention_expanded", "kv_indptr");
+  p.q = bf(q, op, "q");
+  p.kv = bf(kv, op, "kv");
+  p.k_pe = bf(k_pe, op, "k_pe");
+  p.q_indptr = i32(batch.q_indptr, op, "q_indptr");
+  p.kv_indptr = i32(batch.kv_indptr, op, "kv_indptr");
   p.num_seqs = batch.num_seqs;
   p.num_tokens = int(T);
   p.num_heads = int(H);
@@ -940,8 +942,45 @@ void CudaBackend::mla_attention_expanded(const Tensor& q, const Tensor& kv, cons
   p.rope_dim = int(R);
   p.v_dim = int(Dv);
   p.scale = scale;
+  return p;
+}
+
+}  // namespace
+
+void CudaBackend::mla_attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& k_pe,
+                                         const DeviceBatch& batch, float scale, Tensor out) {
+  MLA_CHECK(out.shape() == Shape({q.dim(0), q.dim(1), out.dim(2)}), "mla_attention_expanded: q {}, out {}",
+            shape_str(q.shape()), shape_str(out.shape()));
+  MlaExpandedParams p = expanded_params(q, kv, k_pe, batch, scale, out.dim(2), "mla_attention_expanded");
   p.out = bf(out, "mla_attention_expanded", "out");
   cuda::mla_attention_expanded(p, stream_);
+}
+
+void CudaBackend::mla_attention_expanded_linear(const Tensor& q, const Tensor& kv, const Tensor& k_pe,
+                                                const DeviceBatch& batch, float scale, const Weight& w, Tensor out) {
+  const int64_t T = q.dim(0), H = q.dim(1), R = k_pe.dim(1), Dn = q.dim(2) - R, Dv = kv.dim(2) - Dn;
+  // A head's output is one 1x128 group of o_proj's input.
+  if (Dv != kFp8Group || !mla_expanded_has_fast_path(int(Dn), int(R), int(Dv)) ||
+      !takes_fp8_rows({LinearTarget{&w, out}}, T, H * Dv)) {
+    Backend::mla_attention_expanded_linear(q, kv, k_pe, batch, scale, w, out);
+    return;
+  }
+  check_fp8_weight(w);
+  const char* op = "mla_attention_expanded_linear";
+  MlaExpandedParams p = expanded_params(q, kv, k_pe, batch, scale, Dv, op);
+  auto [rows, work] = alloc_fp8_rows(T, H * Dv);
+  if (rows.scale_ld > T) {  // the padding rows a GEMM over scale_ld rows reads (fp8_quant.h)
+    const int64_t pad = rows.scale_ld - T;
+    MLA_CUDA_CHECK(cudaMemsetAsync(rows.q + T * rows.width, 0, size_t(pad * rows.width), stream_), op);
+    MLA_CUDA_CHECK(cudaMemset2DAsync(rows.scale + T, size_t(rows.scale_ld) * 4, 0, size_t(pad) * 4,
+                                     size_t(rows.width / kFp8Group), stream_),
+                   op);
+  }
+  p.out_q = rows.q;
+  p.out_scale = rows.scale;
+  p.out_scale_ld = rows.scale_ld;
+  cuda::mla_attention_expanded(p, stream_);
+  linear_fp8_rows(rows, w, out);
 }
 
 void CudaBackend::moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& rp, Tensor topk_ids,

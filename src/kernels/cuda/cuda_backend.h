@@ -62,6 +62,8 @@ class CudaBackend final : public Backend {
                               Tensor out) override;
   void mla_attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& k_pe, const DeviceBatch& batch,
                               float scale, Tensor out) override;
+  void mla_attention_expanded_linear(const Tensor& q, const Tensor& kv, const Tensor& k_pe, const DeviceBatch& batch,
+                                     float scale, const Weight& w, Tensor out) override;
   bool mla_decode_chain(const MlaDecodeChain& chain, const DeviceBatch& batch, Tensor out) override;
   void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& p, Tensor topk_ids,
                  Tensor topk_weights) override;

@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/fp8_common.cuh"
 #include "kernels/cuda/grouped_gemm_sm90.cuh"
 #include "kernels/cuda/grouped_gemm_sm90.h"
 #include "kernels/cuda/mma_sm80.cuh"
@@ -255,12 +256,38 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) mla_expanded_mma_kern
     __syncthreads();  // the next iteration refills the other buffer pair
   }
 
+  // A row's Dv values lie with the 4 lanes of a quad (lanes 4g..4g+3).
+  const unsigned quad_mask = 0xfu << (lane & ~3);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int i = row0 + warp * 16 + g + 8 * r;
     if (i >= q_len) continue;
     const float inv = 1.0f / l_run[r];
-    __nv_bfloat16* dst = p.out + (int64_t(q_begin + i) * H + h) * kDv;
+    const int64_t row = int64_t(q_begin + i) * H + h;
+    if (p.out_q) {
+      static_assert(kDv == kFp8Group, "a head's output is one quantization group");
+      __nv_bfloat162 v[kOTiles];
+      float amax = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kOTiles; ++j) {
+        v[j] = __floats2bfloat162_rn(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+        const float2 f = __bfloat1622float2(v[j]);
+        amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+      }
+      amax = fmaxf(amax, __shfl_xor_sync(quad_mask, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(quad_mask, amax, 2));
+      const float s = fmaxf(amax, kFp8ScaleEps) / kE4M3Max, s_inv = 1.0f / s;
+      uint8_t* dst = p.out_q + row * kDv;
+#pragma unroll
+      for (int j = 0; j < kOTiles; ++j) {
+        const float2 f = __bfloat1622float2(v[j]);
+        *reinterpret_cast<__nv_fp8x2_storage_t*>(dst + j * 8 + c2) =
+            __nv_cvt_float2_to_fp8x2(make_float2(f.x * s_inv, f.y * s_inv), __NV_SATFINITE, __NV_E4M3);
+      }
+      if (c2 == 0) p.out_scale[h * p.out_scale_ld + q_begin + i] = s;
+      continue;
+    }
+    __nv_bfloat16* dst = p.out + row * kDv;
 #pragma unroll
     for (int j = 0; j < kOTiles; ++j)
       *reinterpret_cast<__nv_bfloat162*>(dst + j * 8 + c2) =
@@ -335,6 +362,9 @@ void mla_attention_expanded(const MlaExpandedParams& p, cudaStream_t stream) {
   MLA_CUDA_REQUIRE(p.num_seqs > 0 && p.max_q_len > 0,
                    "mla_attention_expanded: bad batch (seqs " + std::to_string(p.num_seqs) + ", max_q_len " +
                        std::to_string(p.max_q_len) + ")");
+  MLA_CUDA_REQUIRE(!p.out_q || (p.out_scale && p.out_scale_ld >= p.num_tokens &&
+                                 mla_expanded_has_fast_path(p.nope_dim, p.rope_dim, p.v_dim)),
+                   "mla_attention_expanded: FP8 rows need their scales and the Dv = 128 kernel");
   if (!mla_expanded_has_fast_path(p.nope_dim, p.rope_dim, p.v_dim)) {
     mla_expanded_reference_kernel<<<p.num_tokens * p.num_heads, 128, p.v_dim * sizeof(float), stream>>>(p);
     check_launch("mla_attention_expanded (reference kernel)");

@@ -24,6 +24,13 @@ struct MlaExpandedParams {
   int nope_dim = 0, rope_dim = 0, v_dim = 0;
   float scale = 1.0f;
   __nv_bfloat16* out = nullptr;  // {T, H, Dv}
+  // Or, with out_q set (the fast path, Dv = 128): each (token, head) row as
+  // one 1x128 block-FP8 group for the o_proj GEMM, e4m3 {T, H Dv} and the
+  // scale of token t, head h at out_scale[h * out_scale_ld + t], as
+  // quantize_fp8_act forms them from the bf16 rows (fp8_quant.h).
+  uint8_t* out_q = nullptr;
+  float* out_scale = nullptr;
+  int64_t out_scale_ld = 0;
   int qk_wgmma = -1;  // q·k on wgmma: 1 yes, 0 mma.sync, -1 where the GPU is a Hopper (benchmarks, tests)
 };
 
