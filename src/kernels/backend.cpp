@@ -16,6 +16,22 @@ void Backend::silu_and_mul_linear(const Tensor& gate_up, const Weight& w, Tensor
   linear(hidden, w, out);
 }
 
+void Backend::head_bmm_linear(const Tensor& x, const Weight& w, bool transpose_w, const Weight& proj, Tensor out) {
+  const int64_t T = x.dim(0), H = x.dim(1), N = transpose_w ? w.w.dim(1) : w.w.dim(2);
+  Tensor rows = alloc({T, H, N}, act_dtype());
+  head_bmm(x, w, transpose_w, rows);
+  linear(rows.view({T, H * N}), proj, out);
+}
+
+void Backend::mla_prepare_q_b(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots,
+                              const Tensor& inv_freq, float cos_sin_scale, const Weight& q_b, Tensor q) {
+  MlaPrepare with_rows = p;
+  if (!with_rows.q_a_out.defined())
+    with_rows.q_a_out = alloc({positions.numel(), p.q_a_norm.numel()}, act_dtype());
+  mla_prepare(with_rows, positions, out_slots, inv_freq, cos_sin_scale);
+  linear(with_rows.q_a_out, q_b, q);
+}
+
 void Backend::mla_attention_expanded_linear(const Tensor& q, const Tensor& kv, const Tensor& k_pe,
                                             const DeviceBatch& batch, float scale, const Weight& w, Tensor out) {
   const int64_t T = q.dim(0), H = q.dim(1), Dv = kv.dim(2) - (q.dim(2) - k_pe.dim(1));

@@ -141,11 +141,12 @@ struct MlaChainMoeTail {
 
 // A pre-norm with the residual add, formed by the op that reads h
 // (rms_norm's semantics: residual += x in place, h = rmsnorm(residual) *
-// norm_weight): the block's input norm ahead of the decode chain (which then
-// neither reads nor writes the h tensor) and the post-attention norm ahead
-// of the dense MLP.
+// norm_weight; with residual undefined, h = rmsnorm(x) * norm_weight): the
+// block's input norm ahead of the projections or the decode chain (which
+// then neither reads nor writes the h tensor) and the post-attention norm
+// ahead of the dense MLP.
 struct ResidualNorm {
-  Tensor x, residual;  // {T, D}: the previous block's output, the residual stream
+  Tensor x, residual;  // {T, D}: the previous block's output (or the embeddings), the residual stream
   Tensor norm_weight;  // {D}
   float eps = 1e-6f;
 };
@@ -263,6 +264,10 @@ class Backend {
   // columns of the absorbed attention's q{T, H, L + R} (columns N .. No are
   // left as they are). The absorbed-MLA q_nope·W_UK and o_latent·W_UVᵀ products.
   virtual void head_bmm(const Tensor& x, const Weight& w, bool transpose_w, Tensor out) = 0;
+  // head_bmm, then linear(·{T, H N}, proj, out): W_UV's product feeding
+  // o_proj, as one op like rms_norm_linears (the CUDA backend writes
+  // block-FP8 rows from the product's kernel for block-FP8 weights).
+  virtual void head_bmm_linear(const Tensor& x, const Weight& w, bool transpose_w, const Weight& proj, Tensor out);
 
   // All parts of p (see MlaPrepare) for the tokens at positions{T} I32,
   // writing latent rows to out_slots{T} I32; R = 2 * inv_freq.numel(). One
@@ -270,6 +275,12 @@ class Backend {
   // copies and a scatter.
   virtual void mla_prepare(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots,
                            const Tensor& inv_freq, float cos_sin_scale) = 0;
+  // mla_prepare whose q_a norm feeds q_b_proj: q{T, N} = linear(q_a_out, q_b),
+  // as one op like rms_norm_linears. p.q_a_out may be left undefined (the
+  // normed rows are then the op's scratch): the CUDA backend quantizes them
+  // for a block-FP8 q_b inside the norm and writes no bf16 rows.
+  virtual void mla_prepare_q_b(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots,
+                               const Tensor& inv_freq, float cos_sin_scale, const Weight& q_b, Tensor q);
 
   // Absorbed MLA (decode, or any batch): q{T, H, L + R} = [q_latent | q_pe]
   // in the layout of the cache rows; cache{S, L + R} holds [c_kv | k_pe] per

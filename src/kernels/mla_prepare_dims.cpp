@@ -19,7 +19,7 @@ void check_source(const Tensor& src, const char* what, int64_t tokens, int64_t c
 }  // namespace
 
 MlaPrepareDims check_mla_prepare(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots,
-                                 const Tensor& inv_freq) {
+                                 const Tensor& inv_freq, bool q_a_rows_elsewhere) {
   MlaPrepareDims d;
   MLA_CHECK(positions.defined() && positions.dtype() == DType::I32 && positions.ndim() == 1,
             "mla_prepare: positions must be a 1-D I32 tensor");
@@ -28,7 +28,7 @@ MlaPrepareDims check_mla_prepare(const MlaPrepare& p, const Tensor& positions, c
   d.tokens = positions.numel();
   d.rope = 2 * inv_freq.numel();
   d.latent_write = p.cache.defined();
-  d.q_a_norm = p.q_a_out.defined();
+  d.q_a_norm = p.q_a_out.defined() || (q_a_rows_elsewhere && p.q_a.defined());
   d.q_split = p.q_pe_out.defined();
   if (d.latent_write) {
     MLA_CHECK(p.kv_norm.defined() && p.kv_norm.numel() > 0, "mla_prepare: the latent write needs kv_norm");
@@ -47,8 +47,9 @@ MlaPrepareDims check_mla_prepare(const MlaPrepare& p, const Tensor& positions, c
   if (d.q_a_norm) {
     MLA_CHECK(p.q_a_norm.defined() && p.q_a_norm.numel() > 0, "mla_prepare: the q_a norm needs q_a_norm");
     d.q_a = p.q_a_norm.numel();
-    MLA_CHECK(rows_of(p.q_a_out) == d.tokens && p.q_a_out.dim(-1) == d.q_a,
-              "mla_prepare: q_a_out {} must be {{{}, {}}}", shape_str(p.q_a_out.shape()), d.tokens, d.q_a);
+    if (p.q_a_out.defined())
+      MLA_CHECK(rows_of(p.q_a_out) == d.tokens && p.q_a_out.dim(-1) == d.q_a,
+                "mla_prepare: q_a_out {} must be {{{}, {}}}", shape_str(p.q_a_out.shape()), d.tokens, d.q_a);
     check_source(p.q_a, "q_a", d.tokens, p.q_a_col, d.q_a);
   }
   if (d.q_split) {

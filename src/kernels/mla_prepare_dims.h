@@ -19,7 +19,9 @@ struct MlaPrepareDims {
 
 // Throws an Error naming the offending tensor when the parts of p do not fit
 // together (widths, column ranges, token counts, index dtypes).
+// q_a_rows_elsewhere: the q_a norm runs with q_a set and q_a_out undefined
+// (its rows go to a backend's own buffer, Backend::mla_prepare_q_b).
 MlaPrepareDims check_mla_prepare(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots,
-                                 const Tensor& inv_freq);
+                                 const Tensor& inv_freq, bool q_a_rows_elsewhere = false);
 
 }  // namespace mlaserve

@@ -54,13 +54,11 @@ void DeepseekModel::run_block(const DecoderLayerWeights& w, const DeviceBatch& b
   const DType act = backend_.act_dtype();
   Tensor normed = backend_.alloc(x.shape(), act);
   // The input norm with the residual add, done by the attention op (inside
-  // the one-token chain kernel on CUDA, which then waits on the MoE alone).
-  const ResidualNorm head{x, residual, w.input_layernorm, eps};
-  const ResidualNorm* input_norm = first ? nullptr : &head;
-  if (first) {
-    residual = x;  // the block input starts the residual stream
-    backend_.rms_norm(x, w.input_layernorm, eps, normed);
-  }
+  // the one-token chain kernel on CUDA, which then waits on the MoE alone;
+  // quantized for block-FP8 projections inside the norm). The first block
+  // has no residual to add: its input starts the residual stream.
+  const ResidualNorm input_norm{x, first ? Tensor() : residual, w.input_layernorm, eps};
+  if (first) residual = x;
   Tensor attn_out = backend_.alloc(x.shape(), act);
   Tensor mlp_out = backend_.alloc(x.shape(), act);
   if (w.moe) {
@@ -77,7 +75,7 @@ void DeepseekModel::run_block(const DecoderLayerWeights& w, const DeviceBatch& b
     tail.routing = w.moe->routing;
     tail.topk_ids = backend_.alloc({x.dim(0), k}, DType::I32);
     tail.topk_weights = backend_.alloc({x.dim(0), k}, DType::F32);
-    if (!mla_attention(backend_, mla_, w.attn, normed, batch, plan, cache, attn_out, &tail, input_norm)) {
+    if (!mla_attention(backend_, mla_, w.attn, normed, batch, plan, cache, attn_out, &tail, &input_norm)) {
       backend_.rms_norm(attn_out, w.post_attention_layernorm, eps, normed, residual);
       backend_.moe_select(normed, w.moe->router, w.moe->score_correction_bias, w.moe->routing, tail.topk_ids,
                           tail.topk_weights);  // router logits + top-k
@@ -85,7 +83,7 @@ void DeepseekModel::run_block(const DecoderLayerWeights& w, const DeviceBatch& b
     // Routed and shared experts in one call.
     backend_.moe_experts(normed, w.moe->experts, tail.topk_ids, tail.topk_weights, mlp_out);
   } else {
-    mla_attention(backend_, mla_, w.attn, normed, batch, plan, cache, attn_out, nullptr, input_norm);
+    mla_attention(backend_, mla_, w.attn, normed, batch, plan, cache, attn_out, nullptr, &input_norm);
     dense_mlp(backend_, *w.mlp, ResidualNorm{attn_out, residual, w.post_attention_layernorm, eps}, mlp_out);
   }
   x = mlp_out;

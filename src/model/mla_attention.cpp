@@ -93,17 +93,16 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
   }
 
   // q's source for the q split: q_proj's columns, or q_b_proj(q_a_layernorm(q_a))
-  // with the latent write and the q_a norm done first in one op.
+  // with the latent write and the q_a norm done first in one op, the norm
+  // feeding q_b_proj directly.
   if (c.q_lora_rank) {
-    Tensor q_a_normed = backend.alloc({T, int64_t(*c.q_lora_rank)}, act);
     p.q_a = q_or_q_a;
     p.q_a_norm = w.q_a_layernorm;
-    p.q_a_out = q_a_normed;
-    prepare(p);
+    Tensor q = backend.alloc({T, Nq}, act);
+    backend.mla_prepare_q_b(p, batch.positions, batch.out_slots, ctx.inv_freq, ctx.cos_sin_scale, *w.q_b_proj, q);
     p = MlaPrepare{};
     p.eps = kLatentNormEps;
-    p.q = backend.alloc({T, Nq}, act);
-    backend.linear(q_a_normed, *w.q_b_proj, p.q);
+    p.q = q;
   } else {
     p.q = q_or_q_a;
   }
@@ -111,14 +110,15 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
   // A q of exactly Nq columns is {T, H, Dn + R}: q_nope is read and q_pe roped in place.
   const bool q_alone = p.q.dim(-1) == Nq;
 
-  // The absorbed form for the part's tokens, q_nope{Ta, H, Dn or wider}: its
-  // roped q_pe is already in q_cat's last R columns.
-  auto absorbed_core = [&](const Tensor& q_nope, Tensor q_cat, const DeviceBatch& part, Tensor out_rows) {
+  // The absorbed form's attention for the part's tokens, q_nope{Ta, H, Dn or
+  // wider} (its roped q_pe is already in q_cat's last R columns): the latent
+  // rows o_latent{Ta, H, L} that W_UV takes.
+  auto absorbed_latent = [&](const Tensor& q_nope, Tensor q_cat, const DeviceBatch& part) {
     const int64_t Ta = q_cat.dim(0);
     backend.head_bmm(q_nope, w.w_uk, /*transpose_w=*/w.w_uk_transposed(), q_cat);
     Tensor o_latent = backend.alloc({Ta, H, L}, act);
     backend.mla_attention_absorbed(q_cat, cache, part, ctx.softmax_scale, o_latent);
-    backend.head_bmm(o_latent, w.w_uv, /*transpose_w=*/true, out_rows);
+    return o_latent;
   };
   // The expanded form's keys and values over the part's kv tokens, cached
   // prefix included: kv{Lk, H, Dn + Dv} = kv_b_proj(c_kv) and k_pe{Lk, R}.
@@ -146,9 +146,8 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
     p.q_pe_out = q_cat;
     p.q_pe_col = L;
     prepare(p);
-    Tensor attn = backend.alloc({T, H, Dv}, act);
-    absorbed_core(q_nope, q_cat, batch, attn);
-    backend.linear(attn.view({T, H * Dv}), w.o_proj, out);
+    // W_UV's product feeds o_proj in one op (block-FP8 rows on CUDA).
+    backend.head_bmm_linear(absorbed_latent(q_nope, q_cat, batch), w.w_uv, /*transpose_w=*/true, w.o_proj, out);
   } else {
     // q{T, H, Dn + R} with q_pe roped.
     Tensor q = q_alone ? p.q.view({T, H, Dn + R}) : backend.alloc({T, H, Dn + R}, act);
@@ -163,7 +162,8 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
       Tensor q_cat = backend.alloc({Ta, H, L + R}, act);
       backend.copy_columns(q_a.view({Ta * H, Dn + R}), Dn, q_cat.view({Ta * H, L + R}), L, R);
       Tensor attn = backend.alloc({T, H, Dv}, act);
-      absorbed_core(q_a, q_cat, plan.absorbed_part, attn.slice_rows(0, Ta));
+      backend.head_bmm(absorbed_latent(q_a, q_cat, plan.absorbed_part), w.w_uv, /*transpose_w=*/true,
+                       attn.slice_rows(0, Ta));
       const ExpandedKv e = expanded_kv(plan.expanded_part);
       backend.mla_attention_expanded(q.slice_rows(Ta, T), e.kv, e.k_pe, plan.expanded_part, ctx.softmax_scale,
                                      attn.slice_rows(Ta, T));

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <random>
 
@@ -186,6 +187,82 @@ TEST_P(Fp8BackendFusedProducers, ExpandedAttentionLinearEqualsTheOpsInTurn) {
   const double err = rel_l2(host_floats(backend, fused), as_double(host_floats(backend, ops)));
   report_fp8("mla_attention_expanded_linear vs the ops", fmt::format("M={} H={} N={}", m, heads, n).c_str(), err,
              1e-3);
+  EXPECT_LT(err, 1e-3);
+}
+
+// The q_a norm quantized inside mla_prepare for a block-FP8 q_b_proj, against
+// mla_prepare writing the bf16 rows and the linear quantizing them; q_a and
+// kv come as columns of one fused projection, as in the model, and the
+// latent rows the same call writes must not change.
+TEST_P(Fp8BackendFusedProducers, MlaPrepareQbEqualsTheOpsInTurn) {
+  MLA_SKIP_WITHOUT_GPU();
+  const int64_t m = GetParam(), q_rank = 384, latent = 512, rope = 64, n = 768, slots = m + 3;
+  std::mt19937 rng(uint32_t(m + 53));
+  HostFp8Weight w = random_fp8_weight(n, q_rank, rng);
+  std::vector<uint16_t> fused = random_activations(m, q_rank + latent + rope, rng);
+  std::vector<uint16_t> q_norm = random_activations(1, q_rank, rng), kv_norm = random_activations(1, latent, rng);
+  std::vector<int32_t> positions, out_slots;
+  for (int32_t t = 0; t < int32_t(m); ++t) {
+    positions.push_back(3 * t + 1);
+    out_slots.push_back(t + 2);
+  }
+  std::vector<float> inv_freq(size_t(rope / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * float(i) / float(rope));
+  CudaBackend backend;
+  backend.set_fp8_weights(true);
+  const Weight q_b = backend.load_weight(host_q(w), host_scale(w));
+  const Tensor dpos = backend.load_tensor(Tensor::wrap(positions.data(), {m}, DType::I32, Device::CPU));
+  const Tensor dslots = backend.load_tensor(Tensor::wrap(out_slots.data(), {m}, DType::I32, Device::CPU));
+  const Tensor dfreq = backend.load_tensor(Tensor::wrap(inv_freq.data(), {rope / 2}, DType::F32, Device::CPU));
+  MlaPrepare p;
+  p.q_a = upload_bf16(backend, fused, {m, q_rank + latent + rope});
+  p.q_a_norm = upload_bf16(backend, q_norm, {q_rank});
+  p.kv = p.q_a;
+  p.kv_col = q_rank;
+  p.kv_norm = upload_bf16(backend, kv_norm, {latent});
+  p.cache = poisoned_output(backend, {slots, latent + rope});
+  Tensor q_fused = poisoned_output(backend, {m, n}), q_ops = poisoned_output(backend, {m, n});
+  backend.mla_prepare_q_b(p, dpos, dslots, dfreq, 1.0f, q_b, q_fused);
+  const std::vector<float> cache_fused = host_floats(backend, p.cache);
+  p.cache = poisoned_output(backend, {slots, latent + rope});
+  p.q_a_out = backend.alloc({m, q_rank}, DType::BF16);
+  backend.mla_prepare(p, dpos, dslots, dfreq, 1.0f);
+  backend.linear(p.q_a_out, q_b, q_ops);
+  const std::vector<float> cache_ops = host_floats(backend, p.cache);
+  for (int64_t t = 0; t < m; ++t) {
+    const size_t row = size_t(out_slots[size_t(t)] * (latent + rope));
+    ASSERT_TRUE(std::equal(cache_fused.begin() + row, cache_fused.begin() + row + size_t(latent + rope),
+                           cache_ops.begin() + row))
+        << "latent row of token " << t;
+  }
+  const double err = rel_l2(host_floats(backend, q_fused), as_double(host_floats(backend, q_ops)));
+  report_fp8("mla_prepare_q_b vs the ops", fmt::format("M={} Q={} N={}", m, q_rank, n).c_str(), err, 1e-3);
+  EXPECT_LT(err, 1e-3);
+}
+
+// W_UV's product (block-FP8, one 128-wide group a token and head) straight
+// into o_proj's block-FP8 rows, against head_bmm writing bf16 and the linear
+// quantizing it; x is wider than K (o_latent read in place, as q_nope is).
+TEST_P(Fp8BackendFusedProducers, HeadBmmLinearEqualsTheOpsInTurn) {
+  MLA_SKIP_WITHOUT_GPU();
+  const int64_t m = GetParam(), heads = 3, k = 256, kx = 320, dv = 128, n = 384;
+  std::mt19937 rng(uint32_t(m + 67));
+  HostFp8Weight uv = random_fp8_weight(heads * dv, k, rng), o = random_fp8_weight(n, heads * dv, rng);
+  std::vector<uint16_t> x = random_activations(m, heads * kx, rng);
+  CudaBackend backend;
+  backend.set_fp8_weights(true);
+  Weight w_uv = backend.load_weight(host_q(uv), host_scale(uv));
+  ASSERT_TRUE(w_uv.is_fp8());
+  w_uv.w = w_uv.w.view({heads, dv, k});
+  const Weight o_proj = backend.load_weight(host_q(o), host_scale(o));
+  const Tensor dx = upload_bf16(backend, x, {m, heads, kx});
+  Tensor fused = poisoned_output(backend, {m, n}), ops = poisoned_output(backend, {m, n});
+  backend.head_bmm_linear(dx, w_uv, /*transpose_w=*/true, o_proj, fused);
+  Tensor rows = backend.alloc({m, heads, dv}, DType::BF16);
+  backend.head_bmm(dx, w_uv, /*transpose_w=*/true, rows);
+  backend.linear(rows.view({m, heads * dv}), o_proj, ops);
+  const double err = rel_l2(host_floats(backend, fused), as_double(host_floats(backend, ops)));
+  report_fp8("head_bmm_linear vs the ops", fmt::format("M={} H={} K={} N={}", m, heads, k, n).c_str(), err, 1e-3);
   EXPECT_LT(err, 1e-3);
 }
 

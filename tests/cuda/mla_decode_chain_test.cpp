@@ -195,7 +195,8 @@ TEST_F(MlaDecodeChain, MatchesTheOpByOpPathAndTheCpuReference) {
 }
 
 // With the block's input norm folded in (ResidualNorm): the kernel forms
-// h from the residual stream and the previous block's output itself. Against
+// h from the residual stream and the previous block's output itself (or,
+// in the first block, from the embeddings alone: no residual). Against
 // rms_norm (with the residual) and the op-by-op attention: the same output
 // up to summation order, and the same residual stream bit for bit (both
 // round residual + x to bf16 once).
@@ -211,34 +212,39 @@ TEST_F(MlaDecodeChain, NormHeadMatchesRmsNormThenTheOps) {
   const Tensor gn = gpu.load_tensor(norm_w.as(DType::BF16));
   constexpr float kEps = 1e-6f;
 
-  for (int kv_len : {1, 640}) {
-    SCOPED_TRACE(kv_len);
-    const ForwardBatch fb = decode_batch(kv_len, kv_len + 3, rng);
-    const DeviceBatch db = gpu.prepare_batch(fb);
-    const HostValues x = random_values({1, D}, rng, -2.0f, 2.0f);
-    const HostValues residual = random_values({1, D}, rng, -3.0f, 3.0f);
-    const HostValues cache = random_values({kv_len + 3, row}, rng, -2.0f, 2.0f);
-    const Tensor x_gpu = gpu.load_tensor(x.as(DType::BF16));
+  for (bool with_residual : {true, false}) {
+    for (int kv_len : {1, 640}) {
+      SCOPED_TRACE(::testing::Message() << "kv_len " << kv_len << ", residual " << with_residual);
+      const ForwardBatch fb = decode_batch(kv_len, kv_len + 3, rng);
+      const DeviceBatch db = gpu.prepare_batch(fb);
+      const HostValues x = random_values({1, D}, rng, -2.0f, 2.0f);
+      const HostValues residual = random_values({1, D}, rng, -3.0f, 3.0f);
+      const HostValues cache = random_values({kv_len + 3, row}, rng, -2.0f, 2.0f);
+      const Tensor x_gpu = gpu.load_tensor(x.as(DType::BF16));
+      auto residual_on_gpu = [&] { return with_residual ? gpu.load_tensor(residual.as(DType::BF16)) : Tensor(); };
 
-    gpu.set_mla_chain(false);
-    Tensor ops_h = gpu.alloc({1, D}, DType::BF16), ops_out = gpu.alloc({1, D}, DType::BF16);
-    Tensor ops_residual = gpu.load_tensor(residual.as(DType::BF16));
-    gpu.rms_norm(x_gpu, gn, kEps, ops_h, ops_residual);
-    mla_attention(gpu, ctx, w_gpu, ops_h, db, MlaBatchPlan::whole(true), gpu.load_tensor(cache.as(DType::BF16)), ops_out);
+      gpu.set_mla_chain(false);
+      Tensor ops_h = gpu.alloc({1, D}, DType::BF16), ops_out = gpu.alloc({1, D}, DType::BF16);
+      Tensor ops_residual = residual_on_gpu();
+      gpu.rms_norm(x_gpu, gn, kEps, ops_h, ops_residual);
+      mla_attention(gpu, ctx, w_gpu, ops_h, db, MlaBatchPlan::whole(true), gpu.load_tensor(cache.as(DType::BF16)),
+                    ops_out);
 
-    gpu.set_mla_chain(true);
-    const ResidualNorm head{x_gpu, gpu.load_tensor(residual.as(DType::BF16)), gn, kEps};
-    Tensor chain_h = gpu.alloc({1, D}, DType::BF16), chain_out = gpu.alloc({1, D}, DType::BF16);
-    auto chain = decode_chain(ctx, w_gpu, chain_h, gpu.load_tensor(cache.as(DType::BF16)));
-    ASSERT_TRUE(chain);
-    chain->norm_head = &head;
-    ASSERT_TRUE(gpu.mla_decode_chain(*chain, db, chain_out));
+      gpu.set_mla_chain(true);
+      const ResidualNorm head{x_gpu, residual_on_gpu(), gn, kEps};
+      Tensor chain_h = gpu.alloc({1, D}, DType::BF16), chain_out = gpu.alloc({1, D}, DType::BF16);
+      auto chain = decode_chain(ctx, w_gpu, chain_h, gpu.load_tensor(cache.as(DType::BF16)));
+      ASSERT_TRUE(chain);
+      chain->norm_head = &head;
+      ASSERT_TRUE(gpu.mla_decode_chain(*chain, db, chain_out));
 
-    const double out_err = rel_l2_of(host_floats(gpu, chain_out), host_floats(gpu, ops_out));
-    const auto got_residual = host_floats(gpu, head.residual), want_residual = host_floats(gpu, ops_residual);
-    std::printf("[mla-chain] norm head, kv_len %d: out rel_l2 vs rms_norm + ops %.2e\n", kv_len, out_err);
-    EXPECT_LT(out_err, kChainVsOps);
-    EXPECT_EQ(got_residual, want_residual);
+      const double out_err = rel_l2_of(host_floats(gpu, chain_out), host_floats(gpu, ops_out));
+      std::printf("[mla-chain] norm head, kv_len %d, residual %d: out rel_l2 vs rms_norm + ops %.2e\n", kv_len,
+                  int(with_residual), out_err);
+      EXPECT_LT(out_err, kChainVsOps);
+      if (with_residual) EXPECT_EQ(host_floats(gpu, head.residual), host_floats(gpu, ops_residual));
+      EXPECT_EQ(host_floats(gpu, x_gpu), x.v) << "x is the chain's input only";
+    }
   }
 }
 

@@ -566,6 +566,15 @@ std::pair<CudaBackend::Fp8Rows, Tensor> CudaBackend::alloc_fp8_rows(int64_t rows
   return {r, work};
 }
 
+void CudaBackend::zero_padding_rows(const Fp8Rows& r, const char* op) {
+  if (r.scale_ld == r.rows) return;
+  const int64_t pad = r.scale_ld - r.rows;
+  MLA_CUDA_CHECK(cudaMemsetAsync(r.q + r.rows * r.width, 0, size_t(pad * r.width), stream_), op);
+  MLA_CUDA_CHECK(cudaMemset2DAsync(r.scale + r.rows, size_t(r.scale_ld) * 4, 0, size_t(pad) * 4,
+                                   size_t(r.width / kFp8Group), stream_),
+                 op);
+}
+
 bool CudaBackend::takes_fp8_rows(const std::vector<LinearTarget>& targets, int64_t m, int64_t k) const {
   if (m == 0 || k % kFp8Group != 0 || targets.empty()) return false;
   for (const LinearTarget& t : targets)
@@ -724,19 +733,66 @@ void CudaBackend::head_bmm(const Tensor& x, const Weight& weight, bool transpose
 }
 
 // Block-FP8 W_UK (transposed) / W_UV, {H, N, K}: head_bmm_fp8.h.
-void CudaBackend::head_bmm_fp8(const Tensor& x, const Weight& w, Tensor out) {
-  const int64_t T = x.dim(0), H = x.dim(1), Kx = x.dim(2), N = w.w.dim(1), K = w.w.dim(2);
+void CudaBackend::check_head_bmm_fp8(const Tensor& x, const Weight& w) const {
+  const int64_t H = x.dim(1), N = w.w.dim(1), K = w.w.dim(2);
   MLA_CHECK(w.w.device() == Device::CUDA && w.scale_inv.dtype() == DType::F32 &&
                 w.scale_inv.shape() == Shape({(H * N + 127) / 128, (K + 127) / 128}) && head_bmm_fp8_applies(K, N),
             "head_bmm: FP8 w {} needs F32 scales [{}, {}], N and K multiples of 128", shape_str(w.w.shape()),
             (H * N + 127) / 128, (K + 127) / 128);
+}
+
+void CudaBackend::head_bmm_fp8(const Tensor& x, const Weight& w, Tensor out) {
+  const int64_t T = x.dim(0), H = x.dim(1), Kx = x.dim(2), N = w.w.dim(1), K = w.w.dim(2);
+  check_head_bmm_fp8(x, w);
   cuda::head_bmm_fp8(bf(x, "head_bmm", "x"), w.w.data<uint8_t>(), w.scale_inv.data<float>(), T, H, Kx, K, N,
                      bf(out, "head_bmm", "out"), out.dim(2), stream_);
 }
 
+void CudaBackend::head_bmm_linear(const Tensor& x, const Weight& w, bool transpose_w, const Weight& proj,
+                                  Tensor out) {
+  const int64_t T = x.dim(0), H = x.dim(1), Kx = x.dim(2);
+  // A head's N = 128 outputs are one 1x128 group of proj's input; decode rows
+  // (which the GEMM quantizes itself) keep the ops in turn.
+  if (!w.is_fp8() || !transpose_w || w.w.ndim() != 3 || w.w.dim(0) != H || w.w.dim(1) != kFp8Group ||
+      w.w.dim(2) > Kx || !takes_fp8_rows({LinearTarget{&proj, out}}, T, H * kFp8Group)) {
+    Backend::head_bmm_linear(x, w, transpose_w, proj, out);
+    return;
+  }
+  check_head_bmm_fp8(x, w);
+  check_fp8_weight(proj);
+  auto [rows, work] = alloc_fp8_rows(T, H * kFp8Group);
+  zero_padding_rows(rows, "head_bmm_linear");
+  cuda::head_bmm_fp8_quantized(bf(x, "head_bmm_linear", "x"), w.w.data<uint8_t>(), w.scale_inv.data<float>(), T, H,
+                               Kx, w.w.dim(2), kFp8Group, rows.q, rows.scale, rows.scale_ld, stream_);
+  linear_fp8_rows(rows, proj, out);
+}
+
 void CudaBackend::mla_prepare(const MlaPrepare& mp, const Tensor& positions, const Tensor& out_slots,
                               const Tensor& inv_freq, float cos_sin_scale) {
-  const MlaPrepareDims d = check_mla_prepare(mp, positions, out_slots, inv_freq);
+  cuda::mla_prepare(prepare_params(mp, positions, out_slots, inv_freq, cos_sin_scale, false), stream_);
+}
+
+void CudaBackend::mla_prepare_q_b(const MlaPrepare& mp, const Tensor& positions, const Tensor& out_slots,
+                                  const Tensor& inv_freq, float cos_sin_scale, const Weight& q_b, Tensor q) {
+  const int64_t T = positions.numel(), Q = mp.q_a_norm.numel();
+  if (mp.q_a_out.defined() || !takes_fp8_rows({LinearTarget{&q_b, q}}, T, Q)) {
+    Backend::mla_prepare_q_b(mp, positions, out_slots, inv_freq, cos_sin_scale, q_b, q);
+    return;
+  }
+  check_fp8_weight(q_b);
+  MlaPrepareParams p = prepare_params(mp, positions, out_slots, inv_freq, cos_sin_scale, true);
+  auto [rows, work] = alloc_fp8_rows(T, Q);
+  zero_padding_rows(rows, "mla_prepare_q_b");
+  p.q_a_q = rows.q;
+  p.q_a_scale = rows.scale;
+  p.q_a_scale_ld = rows.scale_ld;
+  cuda::mla_prepare(p, stream_);
+  linear_fp8_rows(rows, q_b, q);
+}
+
+MlaPrepareParams CudaBackend::prepare_params(const MlaPrepare& mp, const Tensor& positions, const Tensor& out_slots,
+                                             const Tensor& inv_freq, float cos_sin_scale, bool q_a_rows_elsewhere) {
+  const MlaPrepareDims d = check_mla_prepare(mp, positions, out_slots, inv_freq, q_a_rows_elsewhere);
   check_dev(inv_freq, DType::F32, "mla_prepare", "inv_freq");
   MlaPrepareParams p;
   p.positions = i32(positions, "mla_prepare", "positions");
@@ -762,7 +818,7 @@ void CudaBackend::mla_prepare(const MlaPrepare& mp, const Tensor& positions, con
     p.q_a = bf(mp.q_a, "mla_prepare", "q_a") + mp.q_a_col;
     p.q_a_stride = mp.q_a.dim(-1);
     p.q_a_norm = as_bf16(mp.q_a_norm, "mla_prepare");
-    p.q_a_out = bf(mp.q_a_out, "mla_prepare", "q_a_out");
+    if (mp.q_a_out.defined()) p.q_a_out = bf(mp.q_a_out, "mla_prepare", "q_a_out");
     p.q_a_dim = int(d.q_a);
   }
   if (d.q_split) {
@@ -777,7 +833,7 @@ void CudaBackend::mla_prepare(const MlaPrepare& mp, const Tensor& positions, con
     p.num_heads = int(d.heads);
     p.nope_dim = int(d.nope);
   }
-  cuda::mla_prepare(p, stream_);
+  return p;
 }
 
 void CudaBackend::mla_attention_absorbed(const Tensor& q, const Tensor& cache, const DeviceBatch& batch, float scale,
@@ -888,13 +944,14 @@ bool CudaBackend::mla_decode_chain(const MlaDecodeChain& c, const DeviceBatch& b
   p.out = bf(out, "mla_decode_chain", "out");
   if (c.norm_head) {
     const ResidualNorm& n = *c.norm_head;
-    MLA_CHECK(n.x.shape() == c.h.shape() && n.residual.shape() == c.h.shape() && n.norm_weight.numel() == D,
+    MLA_CHECK(n.x.shape() == c.h.shape() && (!n.residual.defined() || n.residual.shape() == c.h.shape()) &&
+                  n.norm_weight.numel() == D,
               "mla_decode_chain: norm head x {}, residual {}, norm {} for h {}", shape_str(n.x.shape()),
               shape_str(n.residual.shape()), shape_str(n.norm_weight.shape()), shape_str(c.h.shape()));
     p.x = bf(n.x, "mla_decode_chain", "x");
     p.in_norm = as_bf16(n.norm_weight, "mla_decode_chain");
     p.in_eps = n.eps;
-    p.in_residual = bf(n.residual, "mla_decode_chain", "residual");
+    if (n.residual.defined()) p.in_residual = bf(n.residual, "mla_decode_chain", "residual");
   }
   if (c.moe_tail) {
     const MlaChainMoeTail& t = *c.moe_tail;
@@ -969,13 +1026,7 @@ void CudaBackend::mla_attention_expanded_linear(const Tensor& q, const Tensor& k
   const char* op = "mla_attention_expanded_linear";
   MlaExpandedParams p = expanded_params(q, kv, k_pe, batch, scale, Dv, op);
   auto [rows, work] = alloc_fp8_rows(T, H * Dv);
-  if (rows.scale_ld > T) {  // the padding rows a GEMM over scale_ld rows reads (fp8_quant.h)
-    const int64_t pad = rows.scale_ld - T;
-    MLA_CUDA_CHECK(cudaMemsetAsync(rows.q + T * rows.width, 0, size_t(pad * rows.width), stream_), op);
-    MLA_CUDA_CHECK(cudaMemset2DAsync(rows.scale + T, size_t(rows.scale_ld) * 4, 0, size_t(pad) * 4,
-                                     size_t(rows.width / kFp8Group), stream_),
-                   op);
-  }
+  zero_padding_rows(rows, op);
   p.out_q = rows.q;
   p.out_scale = rows.scale;
   p.out_scale_ld = rows.scale_ld;

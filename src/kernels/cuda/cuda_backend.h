@@ -21,6 +21,7 @@ namespace mlaserve::cuda {
 
 class Fp8Linear;
 struct MoeSelectWorkspace;
+struct MlaPrepareParams;
 
 class CudaBackend final : public Backend {
  public:
@@ -56,8 +57,11 @@ class CudaBackend final : public Backend {
   void scatter_rows(Tensor cache, const Tensor& rows, const Tensor& slots) override;
   void gather_rows(const Tensor& cache, const Tensor& slots, Tensor out) override;
   void head_bmm(const Tensor& x, const Weight& w, bool transpose_w, Tensor out) override;
+  void head_bmm_linear(const Tensor& x, const Weight& w, bool transpose_w, const Weight& proj, Tensor out) override;
   void mla_prepare(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots, const Tensor& inv_freq,
                    float cos_sin_scale) override;
+  void mla_prepare_q_b(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots, const Tensor& inv_freq,
+                       float cos_sin_scale, const Weight& q_b, Tensor q) override;
   void mla_attention_absorbed(const Tensor& q, const Tensor& cache, const DeviceBatch& batch, float scale,
                               Tensor out) override;
   void mla_attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& k_pe, const DeviceBatch& batch,
@@ -116,13 +120,20 @@ class CudaBackend final : public Backend {
   };
   // Workspace for rows x width quantized: q first, then the scales.
   std::pair<Fp8Rows, Tensor> alloc_fp8_rows(int64_t rows, int64_t width);
+  // Zeros rows [rows, scale_ld) (fp8_quant.h's padding) where the producer
+  // writes only its rows.
+  void zero_padding_rows(const Fp8Rows& r, const char* op);
   // Whether every target is a block-FP8 linear of K-wide input that takes
   // m rows quantized ahead of the GEMM (not inside it: decode rows).
   bool takes_fp8_rows(const std::vector<LinearTarget>& targets, int64_t m, int64_t k) const;
   // linear_fp8's product from rows already quantized (w checked by the caller).
   void linear_fp8_rows(const Fp8Rows& x, const Weight& w, Tensor out);
+  // mla_prepare's kernel arguments, checked (check_mla_prepare).
+  MlaPrepareParams prepare_params(const MlaPrepare& mp, const Tensor& positions, const Tensor& out_slots,
+                                  const Tensor& inv_freq, float cos_sin_scale, bool q_a_rows_elsewhere);
   // head_bmm's transposed product from block-FP8 w {H, N, K}.
   void head_bmm_fp8(const Tensor& x, const Weight& w, Tensor out);
+  void check_head_bmm_fp8(const Tensor& x, const Weight& w) const;
   // The stacks behind load_experts: E routed experts then the shared slices
   // (all of them keeps_fp8 for the FP8 stacks of fp8_moe.h).
   struct ExpertSource;

@@ -80,22 +80,33 @@ __global__ void __launch_bounds__(kStreamThreads) head_bmm_fp8_stream_kernel(Arg
 }
 
 // ---- tensor cores (larger batches) ------------------------------------------
-// A block: 64 tokens x 64 columns of one head; 4 warps of 16 tokens each run
-// m16n8k16 over the 64 columns. Per 128-wide K block (one weight scale: the
-// 64 rows lie in one 128-row block) the weight bytes are widened into ws and
-// the x rows copied into xs; the next K block's loads are in registers while
-// this one multiplies. Rows padded by 8 bf16 so a fragment's 8 rows hit
-// distinct banks.
-constexpr int kMmaThreads = 128, kMmaTokens = 64, kMmaCols = 64, kKb = 128, kPad = 8;
-constexpr int kWChunks = kMmaCols * kKb / 16 / kMmaThreads;     // 16-byte weight chunks a thread: 4
-constexpr int kXChunks = kMmaTokens * kKb * 2 / 16 / kMmaThreads;  // 16-byte x chunks a thread: 8
+// A block: kTokens tokens x kCols columns of one head; 4 warps of 16 tokens x
+// 64 columns each run m16n8k16. Per 128-wide K block (one weight scale: the
+// block's rows lie in one 128-row block) the weight bytes are widened into ws
+// and the x rows copied into xs; the next K block's loads are in registers
+// while this one multiplies. Rows padded by 8 bf16 so a fragment's 8 rows hit
+// distinct banks. 64 x 64 for bf16 output; 32 x 128 when the output is
+// quantized, so that a block holds whole 128-wide (token, head) rows.
+constexpr int kMmaThreads = 128, kKb = 128, kPad = 8;
 
-__global__ void __launch_bounds__(kMmaThreads) head_bmm_fp8_mma_kernel(Args a) {
+struct QuantizedOut {
+  uint8_t* q;      // {T, H * N}
+  float* scale;    // [h][scale_ld]: N == 128, one group a head
+  int64_t scale_ld;
+};
+
+template <int kTokens, int kCols, bool kQuantize>
+__global__ void __launch_bounds__(kMmaThreads) head_bmm_fp8_mma_kernel(Args a, QuantizedOut qo) {
+  constexpr int kWarpsT = kTokens / 16;
+  static_assert(kWarpsT * (kCols / 64) == kMmaThreads / 32, "one warp a 16 x 64 tile");
+  constexpr int kWChunks = kCols * kKb / 16 / kMmaThreads;     // 16-byte weight chunks a thread
+  constexpr int kXChunks = kTokens * kKb * 2 / 16 / kMmaThreads;  // 16-byte x chunks a thread
   pdl_launch_dependents();
-  __shared__ __align__(16) __nv_bfloat16 ws[kMmaCols][kKb + kPad];
-  __shared__ __align__(16) __nv_bfloat16 xs[kMmaTokens][kKb + kPad];
-  const int h = blockIdx.y, n0 = blockIdx.x * kMmaCols, t0 = blockIdx.z * kMmaTokens;
+  __shared__ __align__(16) __nv_bfloat16 ws[kCols][kKb + kPad];
+  __shared__ __align__(16) __nv_bfloat16 xs[kTokens][kKb + kPad];
+  const int h = blockIdx.y, n0 = blockIdx.x * kCols, t0 = blockIdx.z * kTokens;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int warp_t = warp % kWarpsT, warp_c = warp / kWarpsT;
   const int64_t row0 = int64_t(h) * a.n + n0;
   const int kbs = a.k / kKb;
   uint4 wv[kWChunks], xv[kXChunks];
@@ -119,7 +130,7 @@ __global__ void __launch_bounds__(kMmaThreads) head_bmm_fp8_mma_kernel(Args a) {
   load_w(0);
   pdl_wait();
   load_x(0);
-  float acc[kMmaCols / 8][4] = {};
+  float acc[8][4] = {};
   for (int kb = 0; kb < kbs; ++kb) {
     const float s = __ldg(a.w_scale + (row0 / 128) * kbs + kb);
 #pragma unroll
@@ -145,7 +156,7 @@ __global__ void __launch_bounds__(kMmaThreads) head_bmm_fp8_mma_kernel(Args a) {
       load_w(kb + 1);
       load_x(kb + 1);
     }
-    const int tr = warp * 16 + g;
+    const int tr = warp_t * 16 + g, wr = warp_c * 64 + g;
 #pragma unroll
     for (int ks = 0; ks < kKb; ks += 16) {
       uint32_t af[4];
@@ -154,24 +165,68 @@ __global__ void __launch_bounds__(kMmaThreads) head_bmm_fp8_mma_kernel(Args a) {
       af[2] = *reinterpret_cast<const uint32_t*>(&xs[tr][ks + 2 * c + 8]);
       af[3] = *reinterpret_cast<const uint32_t*>(&xs[tr + 8][ks + 2 * c + 8]);
 #pragma unroll
-      for (int j = 0; j < kMmaCols / 8; ++j) {
-        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(&ws[j * 8 + g][ks + 2 * c]);
-        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(&ws[j * 8 + g][ks + 2 * c + 8]);
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(&ws[wr + j * 8][ks + 2 * c]);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(&ws[wr + j * 8][ks + 2 * c + 8]);
         mma_bf16_16816(acc[j], af, b0, b1);
       }
     }
     __syncthreads();
   }
-  const int t_lo = t0 + warp * 16 + g, t_hi = t_lo + 8;
+  const int r_lo = warp_t * 16 + g, t_lo = t0 + r_lo, t_hi = t_lo + 8;
+  if constexpr (!kQuantize) {
 #pragma unroll
-  for (int j = 0; j < kMmaCols / 8; ++j) {
-    const int n = n0 + j * 8 + 2 * c;
-    if (t_lo < a.tokens)
-      *reinterpret_cast<uint32_t*>(a.out + (int64_t(t_lo) * a.heads + h) * a.out_stride + n) =
-          pack_bf16x2(acc[j][0], acc[j][1]);
-    if (t_hi < a.tokens)
-      *reinterpret_cast<uint32_t*>(a.out + (int64_t(t_hi) * a.heads + h) * a.out_stride + n) =
-          pack_bf16x2(acc[j][2], acc[j][3]);
+    for (int j = 0; j < 8; ++j) {
+      const int n = n0 + warp_c * 64 + j * 8 + 2 * c;
+      if (t_lo < a.tokens)
+        *reinterpret_cast<uint32_t*>(a.out + (int64_t(t_lo) * a.heads + h) * a.out_stride + n) =
+            pack_bf16x2(acc[j][0], acc[j][1]);
+      if (t_hi < a.tokens)
+        *reinterpret_cast<uint32_t*>(a.out + (int64_t(t_hi) * a.heads + h) * a.out_stride + n) =
+            pack_bf16x2(acc[j][2], acc[j][3]);
+    }
+  } else {
+    // The bf16 values the other instance writes, quantized as
+    // quantize_group_16lanes does: a row's amax over its quad's lanes, then
+    // over the two warps holding its halves.
+    static_assert(kCols == kKb, "a block holds whole 128-wide groups");
+    __shared__ float half_amax[2][kTokens];
+    float amax_lo = 0.0f, amax_hi = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] = __bfloat162float(__float2bfloat16(acc[j][e]));
+      amax_lo = fmaxf(amax_lo, fmaxf(fabsf(acc[j][0]), fabsf(acc[j][1])));
+      amax_hi = fmaxf(amax_hi, fmaxf(fabsf(acc[j][2]), fabsf(acc[j][3])));
+    }
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) {
+      amax_lo = fmaxf(amax_lo, __shfl_xor_sync(0xffffffffu, amax_lo, o));
+      amax_hi = fmaxf(amax_hi, __shfl_xor_sync(0xffffffffu, amax_hi, o));
+    }
+    if (c == 0) {
+      half_amax[warp_c][r_lo] = amax_lo;
+      half_amax[warp_c][r_lo + 8] = amax_hi;
+    }
+    __syncthreads();
+    const float s_lo = fmaxf(fmaxf(half_amax[0][r_lo], half_amax[1][r_lo]), kFp8ScaleEps) / kE4M3Max;
+    const float s_hi = fmaxf(fmaxf(half_amax[0][r_lo + 8], half_amax[1][r_lo + 8]), kFp8ScaleEps) / kE4M3Max;
+    const float inv_lo = 1.0f / s_lo, inv_hi = 1.0f / s_hi;
+    const int64_t width = int64_t(a.heads) * a.n;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int64_t col = int64_t(h) * a.n + n0 + warp_c * 64 + j * 8 + 2 * c;
+      if (t_lo < a.tokens)
+        *reinterpret_cast<__nv_fp8x2_storage_t*>(qo.q + t_lo * width + col) = __nv_cvt_float2_to_fp8x2(
+            make_float2(acc[j][0] * inv_lo, acc[j][1] * inv_lo), __NV_SATFINITE, __NV_E4M3);
+      if (t_hi < a.tokens)
+        *reinterpret_cast<__nv_fp8x2_storage_t*>(qo.q + t_hi * width + col) = __nv_cvt_float2_to_fp8x2(
+            make_float2(acc[j][2] * inv_hi, acc[j][3] * inv_hi), __NV_SATFINITE, __NV_E4M3);
+    }
+    if (warp_c == 0 && c == 0) {
+      if (t_lo < a.tokens) qo.scale[h * qo.scale_ld + t_lo] = s_lo;
+      if (t_hi < a.tokens) qo.scale[h * qo.scale_ld + t_hi] = s_hi;
+    }
   }
 }
 
@@ -179,15 +234,30 @@ __global__ void __launch_bounds__(kMmaThreads) head_bmm_fp8_mma_kernel(Args a) {
 
 bool head_bmm_fp8_applies(int64_t k, int64_t n) { return k > 0 && k % 128 == 0 && n > 0 && n % 128 == 0; }
 
-void head_bmm_fp8(const __nv_bfloat16* x, const uint8_t* w, const float* w_scale, int64_t tokens, int64_t heads,
-                  int64_t x_head_stride, int64_t k, int64_t n, __nv_bfloat16* out, int64_t out_head_stride,
-                  cudaStream_t stream, HeadBmmFp8Path path) {
+namespace {
+
+void check_args(int64_t tokens, int64_t x_head_stride, int64_t k, int64_t n) {
   MLA_CUDA_REQUIRE(head_bmm_fp8_applies(k, n) && tokens >= 0,
                    "head_bmm_fp8: K " + std::to_string(k) + ", N " + std::to_string(n) +
                        " (both multiples of 128)");
-  MLA_CUDA_REQUIRE(x_head_stride >= k && x_head_stride % 8 == 0 && out_head_stride >= n && out_head_stride % 2 == 0,
-                   "head_bmm_fp8: x rows of " + std::to_string(x_head_stride) + " and out rows of " +
-                       std::to_string(out_head_stride) + " (x a multiple of 8 >= K, out even >= N)");
+  MLA_CUDA_REQUIRE(x_head_stride >= k && x_head_stride % 8 == 0,
+                   "head_bmm_fp8: x rows of " + std::to_string(x_head_stride) + " (a multiple of 8 >= K)");
+}
+
+template <int kTokens, int kCols, bool kQuantize>
+void launch_mma(const Args& a, const QuantizedOut& qo, cudaStream_t stream) {
+  const dim3 grid(unsigned(a.n / kCols), unsigned(a.heads), unsigned((a.tokens + kTokens - 1) / kTokens));
+  launch_dependent(head_bmm_fp8_mma_kernel<kTokens, kCols, kQuantize>, grid, kMmaThreads, 0, stream, a, qo);
+}
+
+}  // namespace
+
+void head_bmm_fp8(const __nv_bfloat16* x, const uint8_t* w, const float* w_scale, int64_t tokens, int64_t heads,
+                  int64_t x_head_stride, int64_t k, int64_t n, __nv_bfloat16* out, int64_t out_head_stride,
+                  cudaStream_t stream, HeadBmmFp8Path path) {
+  check_args(tokens, x_head_stride, k, n);
+  MLA_CUDA_REQUIRE(out_head_stride >= n && out_head_stride % 2 == 0,
+                   "head_bmm_fp8: out rows of " + std::to_string(out_head_stride) + " (even, >= N)");
   if (tokens == 0 || heads == 0) return;
   const bool streams = tokens <= kHeadBmmFp8StreamTokens && k <= 512;
   if (path == HeadBmmFp8Path::Auto) path = streams ? HeadBmmFp8Path::Stream : HeadBmmFp8Path::Mma;
@@ -196,8 +266,7 @@ void head_bmm_fp8(const __nv_bfloat16* x, const uint8_t* w, const float* w_scale
                        " tokens and K <= 512");
   const Args a{x, w, w_scale, out, int(tokens), int(heads), int(n), int(k), x_head_stride, out_head_stride};
   if (path == HeadBmmFp8Path::Mma) {
-    const dim3 grid(unsigned(n / kMmaCols), unsigned(heads), unsigned((tokens + kMmaTokens - 1) / kMmaTokens));
-    launch_dependent(head_bmm_fp8_mma_kernel, grid, kMmaThreads, 0, stream, a);
+    launch_mma<64, 64, false>(a, QuantizedOut{}, stream);
   } else {
     const int64_t rows = heads * n;
     auto launch = [&](auto kernel, int lanes) {
@@ -212,6 +281,19 @@ void head_bmm_fp8(const __nv_bfloat16* x, const uint8_t* w, const float* w_scale
       launch(head_bmm_fp8_stream_kernel<32>, 32);
   }
   check_launch("head_bmm_fp8");
+}
+
+void head_bmm_fp8_quantized(const __nv_bfloat16* x, const uint8_t* w, const float* w_scale, int64_t tokens,
+                            int64_t heads, int64_t x_head_stride, int64_t k, int64_t n, uint8_t* q, float* scale,
+                            int64_t scale_ld, cudaStream_t stream) {
+  check_args(tokens, x_head_stride, k, n);
+  MLA_CUDA_REQUIRE(n == 128 && scale_ld >= tokens,
+                   "head_bmm_fp8_quantized: N " + std::to_string(n) + " (must be 128) and scale_ld " +
+                       std::to_string(scale_ld) + " >= " + std::to_string(tokens) + " tokens");
+  if (tokens == 0 || heads == 0) return;
+  const Args a{x, w, w_scale, nullptr, int(tokens), int(heads), int(n), int(k), x_head_stride, 0};
+  launch_mma<32, 128, true>(a, QuantizedOut{q, scale, scale_ld}, stream);
+  check_launch("head_bmm_fp8_quantized");
 }
 
 }  // namespace mlaserve::cuda

@@ -9,9 +9,10 @@
 // - Up to kHeadBmmFp8StreamTokens tokens (K <= 512): weight streaming, many blocks each
 //   reading 16 e4m3 bytes a lane (all before the PDL wait), widened to f32 in
 //   registers with the block scale.
-// - More: tensor cores (mma.sync bf16): a block widens 64 weight rows of one
-//   128-wide K block to bf16 in shared memory, the values a bf16 copy made at
-//   load time would hold, and multiplies 64 token rows with them.
+// - More: tensor cores (mma.sync bf16): a block widens 64 (quantized output:
+//   128) weight rows of one 128-wide K block to bf16 in shared memory, the
+//   values a bf16 copy made at load time would hold, and multiplies 64 (32)
+//   token rows with them.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -32,5 +33,14 @@ bool head_bmm_fp8_applies(int64_t k, int64_t n);
 void head_bmm_fp8(const __nv_bfloat16* x, const uint8_t* w, const float* w_scale, int64_t tokens, int64_t heads,
                   int64_t x_head_stride, int64_t k, int64_t n, __nv_bfloat16* out, int64_t out_head_stride,
                   cudaStream_t stream, HeadBmmFp8Path path = HeadBmmFp8Path::Auto);
+
+// The tensor-core product for N = 128 with its rows quantized 1x128 for a
+// block-FP8 linear over {T, H * 128} (fp8_quant.h's layout: q{T, H * 128},
+// scale[h * scale_ld + t]; padding rows are the caller's): the bf16 values
+// head_bmm_fp8 writes, quantized as quantize_fp8_act would, so o_proj takes
+// W_UV's output with no quantization pass.
+void head_bmm_fp8_quantized(const __nv_bfloat16* x, const uint8_t* w, const float* w_scale, int64_t tokens,
+                            int64_t heads, int64_t x_head_stride, int64_t k, int64_t n, uint8_t* q, float* scale,
+                            int64_t scale_ld, cudaStream_t stream);
 
 }  // namespace mlaserve::cuda

@@ -216,16 +216,20 @@ __device__ __forceinline__ void load_h(const MlaDecodeChainParams& p, Misc& m, u
   if (!p.x) {
     *reinterpret_cast<uint4*>(m.row + i0) = load_cg(p.h + i0);
   } else {
-    Bf16x8 a, b;
+    Bf16x8 a;
     *reinterpret_cast<uint4*>(&a) = load_cg(p.x + i0);
-    *reinterpret_cast<uint4*>(&b) = load_cg(p.in_residual + i0);
-    float v[8], r[8], g[8];
+    float v[8], g[8];
     a.to_float(v);
-    b.to_float(r);
+    if (p.in_residual) {
+      Bf16x8 b;
+      *reinterpret_cast<uint4*>(&b) = load_cg(p.in_residual + i0);
+      float r[8];
+      b.to_float(r);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] += r[j];
-    sum = Bf16x8::from_float(v);
-    sum.to_float(v);  // the residual stream's bf16 values
+      for (int j = 0; j < 8; ++j) v[j] += r[j];
+      sum = Bf16x8::from_float(v);
+      sum.to_float(v);  // the residual stream's bf16 values
+    }
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < 8; ++j) ss += v[j] * v[j];
@@ -685,7 +689,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   if (uk_n) sm90::mbar_wait(&bars[1], 0);
   for (int i = 0, u = b; u < kUkUnits; ++i, u += grid) uk_unit(s, u, uk_w + i * kDn * kUkCols, misc);
   if (b == grid - 1) latent_write(p, s, misc);
-  if (p.x && b == max(0, grid - 2)) input_residual.store(p.in_residual + tid * 8);
+  if (p.in_residual && b == max(0, grid - 2)) input_residual.store(p.in_residual + tid * 8);
   grid_barrier(p.barrier, base + 2 * grid);
 
   // 3. Attention over this block's split.

@@ -64,10 +64,10 @@ struct MlaDecodeChainParams {
   const float* inv_freq = nullptr;         // {R / 2}
   float cos_sin_scale = 1.0f, eps = 1e-6f, softmax_scale = 1.0f;
   __nv_bfloat16* out = nullptr;            // {D}
-  // The block's input norm (Backend's MlaChainNormHead), when x is set: each
+  // The block's input norm (Backend's ResidualNorm), when x is set: each
   // block forms h = rmsnorm(in_residual + x) * in_norm itself in phase 1;
   // one block writes in_residual += x after the first barrier (when no block
-  // reads it any more).
+  // reads it any more). No in_residual (the first block): h = rmsnorm(x) * in_norm.
   const __nv_bfloat16* x = nullptr;        // {D}
   const __nv_bfloat16* in_norm = nullptr;  // {D}
   float in_eps = 1e-6f;

@@ -4,8 +4,9 @@
 
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/fp8_common.cuh"
 #include "kernels/cuda/fp8_kv_cache.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/rope_rotate.cuh"
 
 namespace mlaserve::cuda {
@@ -16,17 +17,47 @@ constexpr int kMaxFreqs = 256;
 constexpr int kMaxFp8Row = 1024;  // L + R of an FP8 cache row
 enum Part { kLatentWrite = 0, kQaNorm = 1, kQSplit = 2, kParts = 3 };
 
-// out[i] = x[i] * inv_rms * w[i], rms_norm_kernel's arithmetic (scalar
-// accesses: the rows here are a few hundred values and may start at any column).
-__device__ void norm_row(const __nv_bfloat16* x, const __nv_bfloat16* w, int n, float eps, __nv_bfloat16* out) {
+// rms_norm_kernel's arithmetic (scalar accesses: the rows here are a few
+// hundred values and may start at any column).
+__device__ float row_inv_rms(const __nv_bfloat16* x, int n, float eps) {
   float ss = 0.0f;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const float v = __bfloat162float(x[i]);
     ss += v * v;
   }
-  const float inv_rms = rsqrtf(block_sum(ss) / float(n) + eps);
-  for (int i = threadIdx.x; i < n; i += blockDim.x)
-    out[i] = __float2bfloat16_rn(__bfloat162float(x[i]) * inv_rms * __bfloat162float(w[i]));
+  return rsqrtf(block_sum(ss) / float(n) + eps);
+}
+
+__device__ __forceinline__ __nv_bfloat16 normed(const __nv_bfloat16* x, const __nv_bfloat16* w, int i,
+                                                float inv_rms) {
+  return __float2bfloat16_rn(__bfloat162float(x[i]) * inv_rms * __bfloat162float(w[i]));
+}
+
+// out[i] = x[i] * inv_rms * w[i].
+__device__ void norm_row(const __nv_bfloat16* x, const __nv_bfloat16* w, int n, float eps, __nv_bfloat16* out) {
+  const float inv_rms = row_inv_rms(x, n, eps);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = normed(x, w, i, inv_rms);
+}
+
+// norm_row's bf16 values quantized 1x128 (16 lanes a group, as fp8_quant.cu's
+// kernels): q{n} and scale[g * scale_ld] of row t.
+__device__ void norm_row_quantized(const __nv_bfloat16* x, const __nv_bfloat16* w, int n, float eps, uint8_t* q,
+                                   float* scale, int64_t scale_ld) {
+  const float inv_rms = row_inv_rms(x, n, eps);
+  const int groups = n / kFp8Group, per_pass = kThreads / 16, j = threadIdx.x & 15;
+  for (int g0 = 0; g0 < groups; g0 += per_pass) {  // the same passes for every lane (shuffles)
+    const int g = g0 + threadIdx.x / 16;
+    const bool live = g < groups;
+    float v[8] = {};
+    if (live)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = __bfloat162float(normed(x, w, g * kFp8Group + 8 * j + e, inv_rms));
+    const QuantizedGroupPart part = quantize_group_16lanes(v);
+    if (live) {
+      *reinterpret_cast<uint2*>(q + g * kFp8Group + 8 * j) = part.q;
+      if (j == 0) scale[g * scale_ld] = part.scale;
+    }
+  }
 }
 
 // rope_kernel's rotation of pair i with cs[i] = rope_cos_sin(...).
@@ -41,7 +72,12 @@ __global__ void __launch_bounds__(kThreads) mla_prepare_kernel(MlaPrepareParams 
   const int64_t t = blockIdx.x;
   const int part = blockIdx.y;
   if (part == kQaNorm) {
-    if (p.q_a_out) norm_row(p.q_a + t * p.q_a_stride, p.q_a_norm, p.q_a_dim, p.eps, p.q_a_out + t * p.q_a_dim);
+    const __nv_bfloat16* q_a = p.q_a + t * p.q_a_stride;
+    if (p.q_a_out)
+      norm_row(q_a, p.q_a_norm, p.q_a_dim, p.eps, p.q_a_out + t * p.q_a_dim);
+    else if (p.q_a_q)
+      norm_row_quantized(q_a, p.q_a_norm, p.q_a_dim, p.eps, p.q_a_q + t * p.q_a_dim, p.q_a_scale + t,
+                         p.q_a_scale_ld);
     return;
   }
   if ((part == kLatentWrite && !p.cache && !p.fp8_cache) || (part == kQSplit && !p.q_pe_out)) return;
@@ -91,7 +127,10 @@ void mla_prepare(const MlaPrepareParams& p, cudaStream_t stream) {
   MLA_CUDA_REQUIRE(!p.fp8_cache || p.latent_dim + 2 * p.num_freqs <= kMaxFp8Row,
                    "mla_prepare: fp8 cache rows of " + std::to_string(p.latent_dim + 2 * p.num_freqs) +
                        " values (at most " + std::to_string(kMaxFp8Row) + " supported)");
-  if (p.num_tokens == 0 || !(p.cache || p.fp8_cache || p.q_a_out || p.q_pe_out)) return;
+  MLA_CUDA_REQUIRE(!p.q_a_q || (p.q_a_dim % kFp8Group == 0 && p.q_a_scale_ld >= p.num_tokens),
+                   "mla_prepare: quantized q_a rows of " + std::to_string(p.q_a_dim) +
+                       " values (a multiple of 128) with scale_ld >= the token count");
+  if (p.num_tokens == 0 || !(p.cache || p.fp8_cache || p.q_a_out || p.q_a_q || p.q_pe_out)) return;
   launch_dependent(mla_prepare_kernel, dim3(unsigned(p.num_tokens), kParts), dim3(kThreads), 0, stream, p);
   check_launch("mla_prepare");
 }

@@ -36,6 +36,12 @@ struct MlaPrepareParams {
   __nv_bfloat16* q_a_out = nullptr;         // {T, Q}
   int64_t q_a_stride = 0;
   int q_a_dim = 0;
+  // Or (q_a_out null) the normed rows quantized 1x128 for a block-FP8 q_b
+  // (fp8_quant.h's layout; Q % 128 == 0): the bf16 rows q_a_out would hold,
+  // quantized as quantize_fp8_act would. Padding rows are the caller's.
+  uint8_t* q_a_q = nullptr;      // {T, Q}
+  float* q_a_scale = nullptr;    // [Q / 128][q_a_scale_ld]
+  int64_t q_a_scale_ld = 0;
 
   // q split: head h of token t at q + t * q_stride + h * (Dn + R).
   const __nv_bfloat16* q = nullptr;
