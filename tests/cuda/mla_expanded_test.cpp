@@ -100,6 +100,13 @@ TEST(MlaExpanded, ExtendAttendsToTheWholePrefix) {
   for (int qk : qk_paths()) EXPECT_LT(run_case({{7, 70, 1}, {200, 71, 129}, 2, 128, 64, 128}, 2, qk), 1e-2);
 }
 
+// 400 new rows: two 192-row blocks (wgmma) and one of 16 rows, two of whose
+// three warpgroups have no rows; 5 rows after 895 cached ones.
+TEST(MlaExpanded, ManyRowsAndALongPrefix) {
+  MLA_SKIP_WITHOUT_GPU();
+  for (int qk : qk_paths()) EXPECT_LT(run_case({{400, 5}, {400, 900}, 2, 128, 64, 128}, 4, qk), 1e-2);
+}
+
 TEST(MlaExpanded, OtherWidthsUseTheReferenceKernel) {
   MLA_SKIP_WITHOUT_GPU();
   EXPECT_LT(run_case({{3, 5}, {3, 9}, 2, 16, 8, 16}, 3), 1e-2);
