@@ -115,6 +115,13 @@ struct GemmArgs {
   int w_scale_rows = 0;
   __nv_bfloat16* out = nullptr;
   int64_t out_ld = 0;
+  // Or, for kSiluHalves on the 64 x 256 fp8 tiles (whose 128 output columns
+  // are one 1x128 group): the rows quantized as quantize_rows_kernel would
+  // quantize out's bf16 rows, e4m3 out_ld bytes apart and the scale of row r,
+  // group g at out_scale[g * out_scale_ld + r].
+  uint8_t* out_q = nullptr;
+  float* out_scale = nullptr;
+  int64_t out_scale_ld = 0;
   // ASource::kQuantize: A is bf16 rows x_bf16 + row * x_ld (m <= kSm90QuantizeMaxRows).
   const __nv_bfloat16* x_bf16 = nullptr;
   int64_t x_ld = 0;
@@ -508,6 +515,7 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
   };
   int stage = 0;
   uint32_t phase = 0;
+  int epilogues = 0;  // units this warpgroup has stored (the quantizing epilogue's buffer parity)
   for (int unit = first_unit; unit < units; unit += unit_stride) {
     const WorkUnit u = unit_at(unit);
     const int mb = u.mb, nb = u.nb;
@@ -651,6 +659,53 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
     const int col0 = nb * T::kBlockN + (T::kSplitM ? 0 : wg * L::kWarpN);  // first accumulator column
     const int out_col0 = kEpi == Epilogue::kStore ? col0 : col0 / 2;
     const int quad = lane % 4;
+    if constexpr (kEpi == Epilogue::kSiluHalves && T::kFp8 && !T::kSplitM) {
+      if (args.out_q) {
+        // Each warpgroup holds 64 of the tile's 128 output columns: a row's
+        // amax over its quad, then over both warpgroups through shared
+        // memory (two buffers by unit parity: a warpgroup one unit ahead
+        // writes the other), then quantize_group_16lanes' arithmetic on the
+        // bf16 values the other epilogue would store.
+        static_assert(L::kWarpN == 128 && T::kConsumers == 2, "two halves of a 1x128 group");
+        __shared__ float half_amax[2][2][64];
+        constexpr int kHalf = L::kAccum / 8;
+        float val[2][kHalf][2];
+        float amax[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int i = 0; i < kHalf; ++i)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float g = acc[4 * i + 2 * h + e], up = acc[4 * (i + kHalf) + 2 * h + e];
+              val[h][i][e] = __bfloat162float(__float2bfloat16(g / (1.0f + __expf(-g)) * up));
+              amax[h] = fmaxf(amax[h], fabsf(val[h][i][e]));
+            }
+        const int tile_row = warp * 16 + lane / 4;
+        float(&buf)[2][64] = half_amax[epilogues++ & 1];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
+          amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
+          if (quad == 0) buf[wg][tile_row + 8 * h] = amax[h];
+        }
+        sm90::named_barrier_sync(1, 256);  // both consumer warpgroups
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = row + 8 * h;
+          if (r >= args.m) continue;
+          const float sc = fmaxf(fmaxf(buf[0][tile_row + 8 * h], buf[1][tile_row + 8 * h]), kFp8ScaleEps) / kE4M3Max;
+          const float inv = 1.0f / sc;
+          uint8_t* q_row = args.out_q + int64_t(r) * args.out_ld + out_col0;
+#pragma unroll
+          for (int i = 0; i < kHalf; ++i)
+            *reinterpret_cast<__nv_fp8x2_storage_t*>(q_row + 8 * i + 2 * quad) = __nv_cvt_float2_to_fp8x2(
+                make_float2(val[h][i][0] * inv, val[h][i][1] * inv), __NV_SATFINITE, __NV_E4M3);
+          if (wg == 0 && quad == 0) args.out_scale[int64_t(nb) * args.out_scale_ld + r] = sc;
+        }
+        continue;
+      }
+    }
     if constexpr (kEpi == Epilogue::kStore) {
       if (args.partials) {
         // Split K: this unit's f32 sums; split_k_sum_kernel adds the splits.
@@ -1182,6 +1237,11 @@ void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
   g.w_scale_rows = 2 * p.inter / kFp8Group;
   g.out = w.act;
   g.out_ld = p.inter;
+  if (!runs) {  // the 64 x 256 tiles write the activations' FP8 rows themselves
+    g.out_q = w.act_q;
+    g.out_scale = w.act_scale;
+    g.out_scale_ld = r.max_rows;
+  }
   const CUtensorMap map_gate_up =
       fp8_tile_map(w_gate_up, int64_t(r.total_experts) * 2 * p.inter, p.hidden, kPieceRows, "gate_up weights");
   if (gather) {
@@ -1200,15 +1260,18 @@ void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
                                            map_gate_up, scale_map(w.x_scale, r.max_rows, p.hidden / kFp8Group, a_box),
                                            g, r.max_blocks, stream, "sm90 fp8 moe gate_up");
   }
-
-  quantize_rows_kernel<<<r.max_rows / 8, 256, 0, stream>>>(w.act, w.rows.rows_in_use, 0, p.inter, w.act_q,
-                                                           w.act_scale, r.max_rows);
-  check_launch("sm90 fp8 moe act quantize");
+  if (runs) {  // the run tiles' 64 output columns are half a group: quantized in a pass
+    quantize_rows_kernel<<<r.max_rows / 8, 256, 0, stream>>>(w.act, w.rows.rows_in_use, 0, p.inter, w.act_q,
+                                                             w.act_scale, r.max_rows);
+    check_launch("sm90 fp8 moe act quantize");
+  }
 
   g.k = p.inter;
   g.n_out = p.hidden;
   g.w_rows = p.hidden;
   g.up_offset = 0;
+  g.out_q = nullptr;
+  g.out_scale = nullptr;
   g.w_scale = p.w_down_scale;
   g.w_scale_rows = p.hidden / kFp8Group;
   g.out = w.down;

@@ -91,6 +91,11 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank
       : "memory");
 }
 
+// Named barrier `id` (1..15; 0 is __syncthreads') over `threads` threads of the CTA.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Every thread of every CTA of the cluster, with release / acquire ordering
 // (barrier initializations made visible before any CTA signals another's).
 __device__ __forceinline__ void cluster_sync() {

@@ -19,7 +19,8 @@
 // the tile's row count), gate_up with the x rows gathered by the producer
 // warpgroup (cp.async; TMA loads only rectangles) and SiLU-and-mul fused in
 // the epilogue, down, and the weighted combine. The fp8 path quantizes x per
-// token first and the activations after gate_up.
+// token first; gate_up's epilogue on the 64 x 256 tiles writes the
+// activations' FP8 rows itself (the 192 x 128 run tiles: a pass after it).
 //
 // Only for compute capability 9.0 (sm90_gemm_supported()); the callers keep
 // their portable paths for other GPUs and for short (decode) batches, where
@@ -94,7 +95,7 @@ void moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t stre
 // Block-FP8 weights: up to 1536 tokens 64 x 256 tiles with x gathered by the
 // producer; above, x quantized into expert order and runs of an expert's
 // 64-row blocks on 192 x 128 tiles (fp8_moe_block_m); x is quantized 1x128,
-// the activations 1x128 after the gate_up epilogue.
+// the activations 1x128 in the gate_up epilogue (64 x 256 tiles) or after it.
 size_t fp8_moe_experts_sm90_workspace_bytes(const Sm90MoeParams& p);
 void fp8_moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t stream);
 
