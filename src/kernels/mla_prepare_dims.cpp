@@ -51,6 +51,8 @@ MlaPrepareDims check_mla_prepare(const MlaPrepare& p, const Tensor& positions, c
       MLA_CHECK(rows_of(p.q_a_out) == d.tokens && p.q_a_out.dim(-1) == d.q_a,
                 "mla_prepare: q_a_out {} must be {{{}, {}}}", shape_str(p.q_a_out.shape()), d.tokens, d.q_a);
     check_source(p.q_a, "q_a", d.tokens, p.q_a_col, d.q_a);
+  } else {
+    MLA_CHECK(!p.q_a.defined(), "mla_prepare: q_a without q_a_out (Backend::mla_prepare_q_b takes q_a alone)");
   }
   if (d.q_split) {
     MLA_CHECK(p.q_pe_out.ndim() == 3 && p.q_pe_out.dim(0) == d.tokens && p.q_pe_col >= 0 &&

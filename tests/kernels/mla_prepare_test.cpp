@@ -160,6 +160,42 @@ TEST_F(MlaPrepareTest, RejectsMismatchedParts) {
   q.q_pe_col = 0;
   q.q_nope_out = random_f32({2, 3, 2});
   EXPECT_THROW(be->mla_prepare(q, positions, slots, inv_freq, 1.0f), Error);  // q_nope_out heads != q_pe_out's
+  MlaPrepare a;
+  a.q_a = random_f32({2, 8});
+  a.q_a_norm = random_f32({8});
+  EXPECT_THROW(be->mla_prepare(a, positions, slots, inv_freq, 1.0f), Error);  // q_a with nowhere to go
+}
+
+// mla_prepare_q_b without q_a_out (the model's call) against mla_prepare
+// writing q_a_out and the linear after it: the same q rows, the same latent
+// rows.
+TEST_F(MlaPrepareTest, QbFromTheQaNormEqualsMlaPrepareThenLinear) {
+  const int64_t T = 3, Q = 12, L = 8, R = 4, N = 10, S = 5;
+  const Tensor positions = i32({3, 9, 27}), slots = i32({4, 0, 2});
+  const Tensor inv_freq = random_f32({R / 2}, 0.5f);
+  const Weight q_b = be->load_weight(random_f32({N, Q}, 0.3f), Tensor());
+  MlaPrepare p;
+  p.kv = p.q_a = random_f32({T, Q + L + R});
+  p.kv_col = Q;
+  p.kv_norm = random_f32({L});
+  p.q_a_norm = random_f32({Q});
+  p.cache = filled({S, L + R}, kNaN);
+  Tensor fused = filled({T, N}, kNaN);
+  be->mla_prepare_q_b(p, positions, slots, inv_freq, 1.0f, q_b, fused);
+  const Tensor fused_cache = p.cache;
+
+  p.cache = filled({S, L + R}, kNaN);
+  p.q_a_out = filled({T, Q}, kNaN);
+  Tensor ops = filled({T, N}, kNaN);
+  be->mla_prepare(p, positions, slots, inv_freq, 1.0f);
+  be->linear(p.q_a_out, q_b, ops);
+  for (int64_t i = 0; i < T * N; ++i) ASSERT_EQ(fused.data<float>()[i], ops.data<float>()[i]) << "q element " << i;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t s = slots.data<int32_t>()[t];
+    for (int64_t c = 0; c < L + R; ++c)
+      ASSERT_EQ(fused_cache.data<float>()[s * (L + R) + c], p.cache.data<float>()[s * (L + R) + c])
+          << "latent row of token " << t;
+  }
 }
 
 TEST_F(MlaPrepareTest, HeadBmmIntoWiderRowsLeavesTheRestAlone) {
