@@ -12,11 +12,18 @@ namespace mlaserve::cuda {
 
 constexpr float kE4M3Max = 448.0f;
 
-__device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float d) {
-  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
-  return lo | (hi << 16);
+// Two values as e4m3 (round to nearest even, saturating), the first in the low byte.
+__device__ __forceinline__ __nv_fp8x2_storage_t pack_e4m3x2(float a, float b) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
 }
+
+__device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float d) {
+  return uint32_t(pack_e4m3x2(a, b)) | (uint32_t(pack_e4m3x2(c, d)) << 16);
+}
+
+// The scale of a 1x128 group whose largest magnitude is amax (fp8_quant.h's
+// scheme): the group is stored as e4m3(v / scale).
+__device__ __forceinline__ float fp8_group_scale(float amax) { return fmaxf(amax, kFp8ScaleEps) / kE4M3Max; }
 
 // 16 bytes read once (weights streamed by decode GEMVs): kept out of L1,
 // where the activations every warp re-reads stay.
@@ -59,7 +66,7 @@ __device__ __forceinline__ QuantizedGroupPart quantize_group_16lanes(const float
   for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
 #pragma unroll
   for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float s = fmaxf(amax, kFp8ScaleEps) / kE4M3Max;
+  const float s = fp8_group_scale(amax);
   const float inv = 1.0f / s;
   QuantizedGroupPart r;
   r.q.x = pack_e4m3x4(v[0] * inv, v[1] * inv, v[2] * inv, v[3] * inv);

@@ -694,13 +694,13 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
         for (int h = 0; h < 2; ++h) {
           const int r = row + 8 * h;
           if (r >= args.m) continue;
-          const float sc = fmaxf(fmaxf(buf[0][tile_row + 8 * h], buf[1][tile_row + 8 * h]), kFp8ScaleEps) / kE4M3Max;
+          const float sc = fp8_group_scale(fmaxf(buf[0][tile_row + 8 * h], buf[1][tile_row + 8 * h]));
           const float inv = 1.0f / sc;
           uint8_t* q_row = args.out_q + int64_t(r) * args.out_ld + out_col0;
 #pragma unroll
           for (int i = 0; i < kHalf; ++i)
-            *reinterpret_cast<__nv_fp8x2_storage_t*>(q_row + 8 * i + 2 * quad) = __nv_cvt_float2_to_fp8x2(
-                make_float2(val[h][i][0] * inv, val[h][i][1] * inv), __NV_SATFINITE, __NV_E4M3);
+            *reinterpret_cast<__nv_fp8x2_storage_t*>(q_row + 8 * i + 2 * quad) =
+                pack_e4m3x2(val[h][i][0] * inv, val[h][i][1] * inv);
           if (wg == 0 && quad == 0) args.out_scale[int64_t(nb) * args.out_scale_ld + r] = sc;
         }
         continue;

@@ -209,19 +209,19 @@ __global__ void __launch_bounds__(kMmaThreads) head_bmm_fp8_mma_kernel(Args a, Q
       half_amax[warp_c][r_lo + 8] = amax_hi;
     }
     __syncthreads();
-    const float s_lo = fmaxf(fmaxf(half_amax[0][r_lo], half_amax[1][r_lo]), kFp8ScaleEps) / kE4M3Max;
-    const float s_hi = fmaxf(fmaxf(half_amax[0][r_lo + 8], half_amax[1][r_lo + 8]), kFp8ScaleEps) / kE4M3Max;
+    const float s_lo = fp8_group_scale(fmaxf(half_amax[0][r_lo], half_amax[1][r_lo]));
+    const float s_hi = fp8_group_scale(fmaxf(half_amax[0][r_lo + 8], half_amax[1][r_lo + 8]));
     const float inv_lo = 1.0f / s_lo, inv_hi = 1.0f / s_hi;
     const int64_t width = int64_t(a.heads) * a.n;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int64_t col = int64_t(h) * a.n + n0 + warp_c * 64 + j * 8 + 2 * c;
       if (t_lo < a.tokens)
-        *reinterpret_cast<__nv_fp8x2_storage_t*>(qo.q + t_lo * width + col) = __nv_cvt_float2_to_fp8x2(
-            make_float2(acc[j][0] * inv_lo, acc[j][1] * inv_lo), __NV_SATFINITE, __NV_E4M3);
+        *reinterpret_cast<__nv_fp8x2_storage_t*>(qo.q + t_lo * width + col) =
+            pack_e4m3x2(acc[j][0] * inv_lo, acc[j][1] * inv_lo);
       if (t_hi < a.tokens)
-        *reinterpret_cast<__nv_fp8x2_storage_t*>(qo.q + t_hi * width + col) = __nv_cvt_float2_to_fp8x2(
-            make_float2(acc[j][2] * inv_hi, acc[j][3] * inv_hi), __NV_SATFINITE, __NV_E4M3);
+        *reinterpret_cast<__nv_fp8x2_storage_t*>(qo.q + t_hi * width + col) =
+            pack_e4m3x2(acc[j][2] * inv_hi, acc[j][3] * inv_hi);
     }
     if (warp_c == 0 && c == 0) {
       if (t_lo < a.tokens) qo.scale[h * qo.scale_ld + t_lo] = s_lo;

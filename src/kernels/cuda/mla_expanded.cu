@@ -276,13 +276,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) mla_expanded_mma_kern
       }
       amax = fmaxf(amax, __shfl_xor_sync(quad_mask, amax, 1));
       amax = fmaxf(amax, __shfl_xor_sync(quad_mask, amax, 2));
-      const float s = fmaxf(amax, kFp8ScaleEps) / kE4M3Max, s_inv = 1.0f / s;
+      const float s = fp8_group_scale(amax), s_inv = 1.0f / s;
       uint8_t* dst = p.out_q + row * kDv;
 #pragma unroll
       for (int j = 0; j < kOTiles; ++j) {
         const float2 f = __bfloat1622float2(v[j]);
-        *reinterpret_cast<__nv_fp8x2_storage_t*>(dst + j * 8 + c2) =
-            __nv_cvt_float2_to_fp8x2(make_float2(f.x * s_inv, f.y * s_inv), __NV_SATFINITE, __NV_E4M3);
+        *reinterpret_cast<__nv_fp8x2_storage_t*>(dst + j * 8 + c2) = pack_e4m3x2(f.x * s_inv, f.y * s_inv);
       }
       if (c2 == 0) p.out_scale[h * p.out_scale_ld + q_begin + i] = s;
       continue;
