@@ -3,7 +3,7 @@
 # .device-cuda.pack carried (see pack.sh): device facts, the GPU tests, a
 # compute-sanitizer pass over them, and the kernel benchmarks. Logs go to
 # $OUT; the last lines printed are the summary.
-# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|grouped|fp8|model|nopdl|ncu|ncudetail|engine|v3fp8|ab|ncuv3|peer]...
+# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|grouped|fp8|model|nopdl|ncu|ncudetail|engine|v3fp8|ab|envab|ncuv3|peer]...
 # (default: tests sanitize bench model peer). nopdl repeats the model's decode
 # with programmatic dependent launch off (MLASERVE_PDL=0), to show what it buys;
 # ncu times every kernel of a few decode steps of a 4-layer v2-lite with
@@ -145,6 +145,21 @@ for step in "${steps[@]}"; do
         done
       done
       summary+=("A/B: $(wc -l < "$OUT/ab.log") rows")
+      ;;
+    envab)
+      # A/B of one build under the environments AB_ENVS names (space-separated
+      # VAR=value words, one run each a round; "-" for none), otherwise as ab.
+      ckpt=$CKPT model_args=()
+      [ -n "${AB_V3:-}" ] && ckpt=$V3 model_args=(--preset v3-slice --dtype fp8)
+      make_room_for "$ckpt"
+      for round in $(seq "${AB_ROUNDS:-3}"); do
+        for e in ${AB_ENVS:--}; do
+          env $([ "$e" != - ] && echo "$e") "$dir/bench_model_cuda" --dir "$ckpt" "${model_args[@]}" \
+            ${AB_ARGS:---batches 1 --prefill 0 --output 128} 2>&1 |
+            grep -E "^\| (prefill|decode)" | sed "s|^|$e round $round: |" | tee -a "$OUT/ab.log"
+        done
+      done
+      summary+=("env A/B: $(wc -l < "$OUT/ab.log") rows")
       ;;
     ncuv3)
       make_room_for "$V3"
