@@ -272,7 +272,7 @@ void BM_MlaDecodeFp8Cache(benchmark::State& state) {
   state.counters["splits"] = p.num_splits;
 }
 
-// Args: sequences, length, heads (v2-lite 16, V3 128), q·k on wgmma (1) or mma.sync (0).
+// Args: sequences, length, heads (v2-lite 16, V3 128), the Hopper kernel (1) or the mma.sync one (0).
 void BM_MlaPrefill(benchmark::State& state) {
   const int B = int(state.range(0)), len = int(state.range(1)), T = B * len, heads = int(state.range(2));
   const int dqk = 192, dkv = 256;
@@ -290,13 +290,14 @@ void BM_MlaPrefill(benchmark::State& state) {
   p.num_seqs = B;
   p.num_tokens = T;
   p.num_heads = heads;
+  p.kv_rows = T;
   p.max_q_len = len;
   p.nope_dim = 128;
   p.rope_dim = kRope;
   p.v_dim = 128;
   p.scale = 0.07f;
   p.out = out.get<__nv_bfloat16>();
-  p.qk_wgmma = int(state.range(3));
+  p.sm90 = int(state.range(3));
   const double s = run_timed(state, [&] { mla_attention_expanded(p, nullptr); });
   // Causal: about half of the len x len score matrix, q·k over 192 and p·v over 128.
   const double flops = 2.0 * B * heads * (double(len) * (len + 1) / 2) * (dqk + 128);

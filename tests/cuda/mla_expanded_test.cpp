@@ -18,8 +18,8 @@ struct Case {
   int heads, nope, rope, v;
 };
 
-// qk_wgmma: 1 q·k on wgmma (Hopper), 0 mma.sync.
-double run_case(const Case& c, unsigned seed, int qk_wgmma = 0) {
+// sm90: 1 the Hopper kernel (TMA, wgmma), 0 the mma.sync one.
+double run_case(const Case& c, unsigned seed, int sm90 = 0) {
   std::mt19937 rng(seed);
   const int B = int(c.q_lens.size()), dqk = c.nope + c.rope, dkv = c.nope + c.v;
   std::vector<int32_t> q_indptr{0}, kv_indptr{0};
@@ -72,39 +72,40 @@ double run_case(const Case& c, unsigned seed, int qk_wgmma = 0) {
   p.num_seqs = B;
   p.num_tokens = T;
   p.num_heads = H;
+  p.kv_rows = Lk;
   p.max_q_len = max_q;
   p.nope_dim = c.nope;
   p.rope_dim = c.rope;
   p.v_dim = c.v;
   p.scale = scale;
   p.out = dout.get<__nv_bfloat16>();
-  p.qk_wgmma = qk_wgmma;
+  p.sm90 = sm90;
   mla_attention_expanded(p, nullptr);
   const double err = rel_l2(to_float(download<uint16_t>(dout, ref.size())), ref);
-  std::printf("[rel_l2] mla_expanded T=%d Lk=%d H=%d dims %d/%d/%d, qk %s: %.2e\n", T, Lk, H, c.nope, c.rope, c.v,
-              qk_wgmma ? "wgmma" : "mma.sync", err);
+  std::printf("[rel_l2] mla_expanded T=%d Lk=%d H=%d dims %d/%d/%d, %s kernel: %.2e\n", T, Lk, H, c.nope, c.rope,
+              c.v, sm90 ? "Hopper" : "mma.sync", err);
   return err;
 }
 
-// Both q·k paths where the GPU has them.
-std::vector<int> qk_paths() { return sm90_gemm_supported() ? std::vector<int>{0, 1} : std::vector<int>{0}; }
+// Both kernels where the GPU has them.
+std::vector<int> kernels() { return sm90_gemm_supported() ? std::vector<int>{0, 1} : std::vector<int>{0}; }
 
 // 150 rows: a 128-row block and a 22-row one whose second warpgroup has no rows.
 TEST(MlaExpanded, PrefillWithoutPrefixIsCausal) {
   MLA_SKIP_WITHOUT_GPU();
-  for (int qk : qk_paths()) EXPECT_LT(run_case({{1, 64, 150}, {1, 64, 150}, 3, 128, 64, 128}, 1, qk), 1e-2);
+  for (int sm90 : kernels()) EXPECT_LT(run_case({{1, 64, 150}, {1, 64, 150}, 3, 128, 64, 128}, 1, sm90), 1e-2);
 }
 
 TEST(MlaExpanded, ExtendAttendsToTheWholePrefix) {
   MLA_SKIP_WITHOUT_GPU();
-  for (int qk : qk_paths()) EXPECT_LT(run_case({{7, 70, 1}, {200, 71, 129}, 2, 128, 64, 128}, 2, qk), 1e-2);
+  for (int sm90 : kernels()) EXPECT_LT(run_case({{7, 70, 1}, {200, 71, 129}, 2, 128, 64, 128}, 2, sm90), 1e-2);
 }
 
-// 400 new rows: two 192-row blocks (wgmma) and one of 16 rows, two of whose
+// 400 new rows: two 192-row blocks (Hopper) and one of 16 rows, two of whose
 // three warpgroups have no rows; 5 rows after 895 cached ones.
 TEST(MlaExpanded, ManyRowsAndALongPrefix) {
   MLA_SKIP_WITHOUT_GPU();
-  for (int qk : qk_paths()) EXPECT_LT(run_case({{400, 5}, {400, 900}, 2, 128, 64, 128}, 4, qk), 1e-2);
+  for (int sm90 : kernels()) EXPECT_LT(run_case({{400, 5}, {400, 900}, 2, 128, 64, 128}, 4, sm90), 1e-2);
 }
 
 TEST(MlaExpanded, OtherWidthsUseTheReferenceKernel) {

@@ -994,6 +994,7 @@ MlaExpandedParams expanded_params(const Tensor& q, const Tensor& kv, const Tenso
   p.num_seqs = batch.num_seqs;
   p.num_tokens = int(T);
   p.num_heads = int(H);
+  p.kv_rows = kv.dim(0);
   p.max_q_len = batch.max_q_len;
   p.nope_dim = int(Dn);
   p.rope_dim = int(R);

@@ -12,6 +12,7 @@
 #include "kernels/cuda/grouped_gemm_sm90.cuh"
 #include "kernels/cuda/moe_align.cuh"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/tma_map.h"
 
 namespace mlaserve::cuda {
 namespace {
@@ -1470,6 +1471,28 @@ void fp8_gemm_sm90(const Sm90Fp8GemmParams& p, cudaStream_t stream) {
   MLA_CUDA_REQUIRE(sm90_gemm_supported(), "fp8_gemm_sm90: needs a compute capability 9.0 (Hopper) GPU");
   if (p.m == 0) return;
   run_fp8_gemm(p, stream);
+}
+
+CUtensorMap bf16_swizzled_tensor_map(const void* base, int rank, const uint64_t* dims, const uint64_t* byte_strides,
+                                     const uint32_t* box, const char* what) {
+  MLA_CUDA_REQUIRE(rank >= 2 && rank <= 5 && box[0] == kRowBytes / 2,
+                   std::string("tensor map for ") + what + ": rank 2-5 and 64-value boxes");
+  CUtensorMap map;
+  cuuint64_t d[5], st[4];
+  cuuint32_t b[5], element_strides[5];
+  for (int i = 0; i < rank; ++i) {
+    d[i] = dims[i];
+    b[i] = box[i];
+    element_strides[i] = 1;
+    if (i + 1 < rank) st[i] = byte_strides[i];
+  }
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, cuuint32_t(rank), const_cast<void*>(base),
+                                          d, st, b, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MLA_CUDA_REQUIRE(r == CUDA_SUCCESS, std::string("cuTensorMapEncodeTiled failed for ") + what + " (error " +
+                                          std::to_string(int(r)) + ")");
+  return map;
 }
 
 }  // namespace mlaserve::cuda

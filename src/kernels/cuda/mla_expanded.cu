@@ -8,259 +8,94 @@
 #include "kernels/cuda/grouped_gemm_sm90.cuh"
 #include "kernels/cuda/grouped_gemm_sm90.h"
 #include "kernels/cuda/mma_sm80.cuh"
+#include "kernels/cuda/tma_map.h"
 
 namespace mlaserve::cuda {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
+
 constexpr int kBlockN = 64;  // kv rows per tile
 
-// kWarps warps of 16 query rows each share every K/V tile a block loads.
-// kSwizzled (q·k on wgmma): Q and K tiles in the 128-byte-swizzled K-major
-// layout wgmma reads (64-dim column blocks of rows of 128 bytes, 1024-byte
-// aligned); otherwise rows padded by 16 bytes (no ldmatrix bank conflicts).
-template <int kDn, int kR, int kDv, int kWarps, bool kSwizzled = false>
-struct ExpandedSmem {
-  static constexpr int kBlockM = 16 * kWarps;
-  static constexpr int kDqk = kDn + kR;
-  static constexpr int kPad = kSwizzled ? 0 : 8;
-  static constexpr int kQStride = kDqk + kPad, kKStride = kDqk + kPad, kVStride = kDv + 8;
-  static constexpr int kQ = kBlockM * kQStride, kK = kBlockN * kKStride, kV = kBlockN * kVStride;
-  static constexpr size_t kBytes = sizeof(__nv_bfloat16) * (kQ + 2 * (kK + kV)) + (kSwizzled ? 1024 : 0);
-};
-
-// Byte offset of 16-byte chunk `chunk` (8 values) of row r in a swizzled tile of `rows` rows.
-__device__ __forceinline__ uint32_t swizzled_offset(int rows, int r, int chunk) {
-  return uint32_t((chunk / 8) * rows * 128 + r * 128 + (((chunk % 8) ^ (r % 8)) * 16));
-}
-
-// NOTES: query tiles are taken heaviest first (the causal tile at the end of
-// a sequence attends to the most keys) across all heads, so the light ones
-// fill the tail (heaviest first within each head only, the profiler still saw
-// SMs idle 24% of the kernel at 1 x 4096, 16 heads); a
-// warp whose 16 rows all precede a kv tile skips it, and only tiles that
-// cross a row's diagonal are masked. q·k runs k-step outer, n-tile inner, so
-// consecutive mma.sync are independent.
-// kWgmma (Hopper): each warpgroup's 64 x 64 score tile is one chain of
-// wgmma m64n64k16 from the swizzled Q and K tiles (no Q in registers); its
-// accumulator layout is the mma.sync one, so the softmax and P·V (mma.sync,
-// P from registers) are shared. Tiles are skipped per warpgroup.
-// NOTES: the products still wait before the softmax and P·V; overlapping
-// the next tile's q·k with them (a third K/V stage) and P·V on wgmma are
-// what FlashAttention-3 adds.
-template <int kDn, int kR, int kDv, int kWarps, int kMinBlocks, bool kWgmma>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) mla_expanded_mma_kernel(MlaExpandedParams p) {
-  using Smem = ExpandedSmem<kDn, kR, kDv, kWarps, kWgmma>;
-  constexpr int kBlockM = Smem::kBlockM;
-  constexpr int kDqk = Smem::kDqk, kKSteps = kDqk / 16, kSTiles = kBlockN / 8, kOTiles = kDv / 8;
-  static_assert(kDn % 8 == 0 && kR % 8 == 0 && kDqk % 32 == 0 && kDv % 16 == 0, "widths must tile");
-  static_assert(!kWgmma || (kDqk % 64 == 0 && kWarps % 4 == 0), "wgmma: 64-dim column blocks, whole warpgroups");
-
-  extern __shared__ __align__(16) uint8_t smem_raw[];
-  uint8_t* smem_base = smem_raw;
-  if constexpr (kWgmma)
-    smem_base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  auto* q_s = reinterpret_cast<__nv_bfloat16*>(smem_base);
-  __nv_bfloat16* k_s = q_s + Smem::kQ;       // [2][kBlockN][kKStride]
-  __nv_bfloat16* v_s = k_s + 2 * Smem::kK;   // [2][kBlockN][kVStride]
-
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c2 = (lane % 4) * 2;
-  // Blocks start in linear order, heads fastest: query tiles go heaviest
-  // first across all heads and sequences (longest-first keeps the tail short).
-  const int h = blockIdx.x, b = blockIdx.y, row0 = (gridDim.z - 1 - blockIdx.z) * kBlockM;
-  const int q_begin = p.q_indptr[b], q_len = p.q_indptr[b + 1] - q_begin;
-  const int kv_begin = p.kv_indptr[b], kv_len = p.kv_indptr[b + 1] - kv_begin;
-  if (row0 >= q_len) return;
-  const int prefix = kv_len - q_len;  // query row i sits at kv position prefix + i
-  const int rows = min(kBlockM, q_len - row0);
-  const int kv_end = prefix + row0 + rows;  // exclusive bound over the block's rows
-  const int H = p.num_heads;
-
-  // Where chunk c (8 values) of Q / K tile row r goes.
-  auto q_dst = [&](int r, int c) -> void* {
-    if constexpr (kWgmma) return reinterpret_cast<uint8_t*>(q_s) + swizzled_offset(kBlockM, r, c);
-    return q_s + r * Smem::kQStride + c * 8;
-  };
-  auto k_dst = [&](__nv_bfloat16* ks, int r, int c) -> void* {
-    if constexpr (kWgmma) return reinterpret_cast<uint8_t*>(ks) + swizzled_offset(kBlockN, r, c);
-    return ks + r * Smem::kKStride + c * 8;
-  };
-  // Q tile.
-  for (int c = tid; c < kBlockM * (kDqk / 8); c += blockDim.x) {
-    const int r = c / (kDqk / 8), col = (c % (kDqk / 8)) * 8;
-    const bool valid = r < rows;
-    cp_async_16(q_dst(r, col / 8), p.q + (int64_t(q_begin + row0 + (valid ? r : 0)) * H + h) * kDqk + col,
-                valid ? 16 : 0);
-  }
-  auto load_tile = [&](int j0, int buf) {
-    __nv_bfloat16* ks = k_s + buf * Smem::kK;
-    __nv_bfloat16* vs = v_s + buf * Smem::kV;
-    constexpr int kKChunks = kDqk / 8, kVChunks = kDv / 8;
-    for (int c = tid; c < kBlockN * (kKChunks + kVChunks); c += blockDim.x) {
-      const int r = c / (kKChunks + kVChunks), col = (c % (kKChunks + kVChunks)) * 8;
-      const bool valid = j0 + r < kv_end;
-      const int64_t kv_row = kv_begin + (valid ? j0 + r : 0);
-      const __nv_bfloat16* head = p.kv + (kv_row * H + h) * (kDn + kDv);
-      if (col < kDn) {
-        cp_async_16(k_dst(ks, r, col / 8), head + col, valid ? 16 : 0);
-      } else if (col < kDqk) {
-        cp_async_16(k_dst(ks, r, col / 8), p.k_pe + kv_row * kR + (col - kDn), valid ? 16 : 0);
-      } else {
-        cp_async_16(vs + r * Smem::kVStride + (col - kDqk), head + kDn + (col - kDqk), valid ? 16 : 0);
+// The online softmax of one 64-row kv tile for a warp's 16 query rows (two a
+// thread: g and g + 8 of the quad layout): s holds the raw scores (mma.sync /
+// wgmma accumulator layout); keys past a row's position are masked (only on
+// tiles that cross the warp's diagonal); m_run / l_run / o are rescaled and
+// P comes out as bf16 pairs in the A-fragment layout of the P·V product
+// (the score layout of n-tiles 2kk, 2kk + 1 is the A layout of k-step kk).
+template <int kOTiles>
+__device__ __forceinline__ void online_softmax(float (&s)[kBlockN / 8][4], float (&o)[kOTiles][4], float (&m_run)[2],
+                                               float (&l_run)[2], uint32_t (&pa)[kBlockN / 16][4], int j0,
+                                               int warp_first, const int (&qpos)[2], float scale_log2, int c2) {
+  constexpr int kSTiles = kBlockN / 8;
+  float mx[2] = {-INFINITY, -INFINITY};
+  if (j0 + kBlockN - 1 <= warp_first) {  // below the diagonal of every row: nothing masked
+#pragma unroll
+    for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] *= scale_log2;
+        mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
       }
-    }
-  };
-  load_tile(0, 0);
-  cp_async_commit();
-
-  // Row positions of this thread's two rows (g and g + 8 of the warp's 16).
-  int qpos[2];
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2, j = j0 + nt * 8 + c2 + (e % 2);
+        s[nt][e] = j <= qpos[r] ? s[nt][e] * scale_log2 : -INFINITY;
+        mx[r] = fmaxf(mx[r], s[nt][e]);
+      }
+  }
+  float alpha[2], m_use[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int i = row0 + warp * 16 + g + 8 * r;
-    qpos[r] = prefix + (i < q_len ? i : q_len - 1);  // padding rows mirror the last row: finite, unused
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    const float m_new = fmaxf(m_run[r], mx[r]);
+    // A row may see only masked keys in this tile but never before the first.
+    m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+    alpha[r] = exp2f(m_run[r] - m_use[r]);
+    m_run[r] = m_new;
   }
-  // This warp's first and last row positions (padding rows sit at the last);
-  // with wgmma a tile is skipped only past its warpgroup's last row.
-  const int warp_first = prefix + min(row0 + warp * 16, q_len - 1);
-  const int warp_last = prefix + min(row0 + warp * 16 + 15, q_len - 1);
-  const int skip_after = kWgmma ? prefix + min(row0 + (warp / 4) * 64 + 63, q_len - 1) : warp_last;
-  uint32_t qa[kWgmma ? 1 : kKSteps][4];
-  float o[kOTiles][4] = {};
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-  const float scale_log2 = p.scale * kLog2e;
-  const int num_tiles = (kv_end + kBlockN - 1) / kBlockN;
-
-  for (int it = 0; it < num_tiles; ++it) {
-    const int j0 = it * kBlockN, buf = it & 1;
-    if (it + 1 < num_tiles) load_tile(j0 + kBlockN, buf ^ 1);
-    cp_async_commit();
-    cp_async_wait<1>();
-    if constexpr (kWgmma) sm90::fence_proxy_async_smem();  // wgmma reads what cp.async wrote
-    __syncthreads();
-    if constexpr (!kWgmma) {
-      if (it == 0) {
+  float sum[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int ks = 0; ks < kKSteps; ++ks)
-          ldmatrix_x4(qa[ks], q_s + (warp * 16 + lane % 16) * Smem::kQStride + ks * 16 + (lane / 16) * 8);
-      }
-    }
-    const __nv_bfloat16* ks_tile = k_s + buf * Smem::kK;
-    const __nv_bfloat16* vs_tile = v_s + buf * Smem::kV;
-    if (j0 > skip_after) {  // every key of the tile is after every row of this warp (warpgroup)
-      __syncthreads();
-      continue;
-    }
-
-    float s[kSTiles][4] = {};
-    if constexpr (kWgmma) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-      static_assert(kSTiles * 4 == 32, "one m64n64 accumulator");
-      float(&acc)[32] = *reinterpret_cast<float(*)[32]>(&s[0][0]);
-      const uint32_t qa_base = sm90::smem_u32(q_s) + (warp / 4) * 64 * 128;
-      const uint32_t kb_base = sm90::smem_u32(ks_tile);
-      sm90::fence_registers(acc);
-      sm90::wgmma_fence();
-#pragma unroll
-      for (int blk = 0; blk < kDqk / 64; ++blk) {
-        const uint64_t da = sm90::wgmma_desc(qa_base + blk * kBlockM * 128);
-        const uint64_t db = sm90::wgmma_desc(kb_base + blk * kBlockN * 128);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) sm90::wgmma_m64n64k16_bf16(acc, da + 2 * kk, db + 2 * kk, blk + kk > 0);
-      }
-      sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
-      sm90::fence_registers(acc);
-#else
-      __trap();  // built for sm_90a only; the host never picks it elsewhere
-#endif
-    } else {
-#pragma unroll
-      for (int k = 0; k < kDqk; k += 32) {
-#pragma unroll
-        for (int nt = 0; nt < kSTiles; ++nt) {
-          uint32_t bk[4];
-          ldmatrix_x4(bk, ks_tile + (nt * 8 + lane % 8) * Smem::kKStride + k + (lane / 8) * 8);
-          mma_bf16_16816(s[nt], qa[k / 16], bk[0], bk[1]);
-          mma_bf16_16816(s[nt], qa[k / 16 + 1], bk[2], bk[3]);
-        }
-      }
-    }
-
-    float mx[2] = {-INFINITY, -INFINITY};
-    if (j0 + kBlockN - 1 <= warp_first) {  // below the diagonal of every row: nothing masked
-#pragma unroll
-      for (int nt = 0; nt < kSTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[nt][e] *= scale_log2;
-          mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
-        }
-    } else {
-#pragma unroll
-      for (int nt = 0; nt < kSTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e / 2, j = j0 + nt * 8 + c2 + (e % 2);
-          s[nt][e] = j <= qpos[r] ? s[nt][e] * scale_log2 : -INFINITY;
-          mx[r] = fmaxf(mx[r], s[nt][e]);
-        }
-    }
-    float alpha[2], m_use[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m_run[r], mx[r]);
-      // A row may see only masked keys in this tile but never before the first.
-      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = exp2f(m_run[r] - m_use[r]);
-      m_run[r] = m_new;
-    }
-    float sum[2] = {0.0f, 0.0f};
-    uint32_t pa[kBlockN / 16][4];
-#pragma unroll
-    for (int nt = 0; nt < kSTiles; ++nt) {
-      const float p0 = exp2f(s[nt][0] - m_use[0]), p1 = exp2f(s[nt][1] - m_use[0]);
-      const float p2 = exp2f(s[nt][2] - m_use[1]), p3 = exp2f(s[nt][3] - m_use[1]);
-      sum[0] += p0 + p1;
-      sum[1] += p2 + p3;
-      // The S accumulator layout of n-tiles 2kk, 2kk+1 is the A layout of k-step kk.
-      pa[nt / 2][(nt % 2) * 2 + 0] = pack_bf16x2(p0, p1);
-      pa[nt / 2][(nt % 2) * 2 + 1] = pack_bf16x2(p2, p3);
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
-      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
-      l_run[r] = l_run[r] * alpha[r] + sum[r];
-    }
-#pragma unroll
-    for (int j = 0; j < kOTiles; ++j) {
-      o[j][0] *= alpha[0];
-      o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1];
-      o[j][3] *= alpha[1];
-    }
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-#pragma unroll
-      for (int j = 0; j < kOTiles; j += 2) {
-        uint32_t bv[4];
-        ldmatrix_x4_trans(bv, vs_tile + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * Smem::kVStride + j * 8 +
-                                  (lane / 16) * 8);
-        mma_bf16_16816(o[j], pa[kk], bv[0], bv[1]);
-        mma_bf16_16816(o[j + 1], pa[kk], bv[2], bv[3]);
-      }
-    }
-    __syncthreads();  // the next iteration refills the other buffer pair
+  for (int nt = 0; nt < kSTiles; ++nt) {
+    const float p0 = exp2f(s[nt][0] - m_use[0]), p1 = exp2f(s[nt][1] - m_use[0]);
+    const float p2 = exp2f(s[nt][2] - m_use[1]), p3 = exp2f(s[nt][3] - m_use[1]);
+    sum[0] += p0 + p1;
+    sum[1] += p2 + p3;
+    pa[nt / 2][(nt % 2) * 2 + 0] = pack_bf16x2(p0, p1);
+    pa[nt / 2][(nt % 2) * 2 + 1] = pack_bf16x2(p2, p3);
   }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+    sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+    l_run[r] = l_run[r] * alpha[r] + sum[r];
+  }
+#pragma unroll
+  for (int j = 0; j < kOTiles; ++j) {
+    o[j][0] *= alpha[0];
+    o[j][1] *= alpha[0];
+    o[j][2] *= alpha[1];
+    o[j][3] *= alpha[1];
+  }
+}
 
+// The block's output rows from the running softmax: rows first_row + g and
+// + 8 of a warp's 16 (lane's quad g), bf16 or (out_q) e4m3 with the row's scale.
+template <int kDv>
+__device__ __forceinline__ void store_rows(const MlaExpandedParams& p, const float (&o)[kDv / 8][4],
+                                           const float (&l_run)[2], int first_row, int q_len, int q_begin, int h,
+                                           int lane) {
+  constexpr int kOTiles = kDv / 8;
+  const int g = lane / 4, c2 = (lane % 4) * 2, H = p.num_heads;
   // A row's Dv values lie with the 4 lanes of a quad (lanes 4g..4g+3).
   const unsigned quad_mask = 0xfu << (lane & ~3);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int i = row0 + warp * 16 + g + 8 * r;
+    const int i = first_row + g + 8 * r;
     if (i >= q_len) continue;
     const float inv = 1.0f / l_run[r];
     const int64_t row = int64_t(q_begin + i) * H + h;
@@ -294,6 +129,280 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) mla_expanded_mma_kern
   }
 }
 
+// The block of query rows [row0, row0 + block_m) of one head and sequence
+// (blocks start heaviest first: see the kernels' notes).
+struct QueryBlock {
+  int h, q_begin, q_len, kv_begin, prefix, row0, kv_end;
+};
+__device__ __forceinline__ bool query_block(const MlaExpandedParams& p, int block_m, QueryBlock& qb) {
+  const int b = blockIdx.y;
+  qb.h = blockIdx.x;
+  qb.row0 = (gridDim.z - 1 - blockIdx.z) * block_m;
+  qb.q_begin = p.q_indptr[b];
+  qb.q_len = p.q_indptr[b + 1] - qb.q_begin;
+  qb.kv_begin = p.kv_indptr[b];
+  qb.prefix = (p.kv_indptr[b + 1] - qb.kv_begin) - qb.q_len;  // query row i sits at kv position prefix + i
+  qb.kv_end = qb.prefix + qb.row0 + min(block_m, qb.q_len - qb.row0);  // exclusive bound over the block's rows
+  return qb.row0 < qb.q_len;
+}
+
+// Positions of a thread's two rows (g and g + 8 of its warp's 16 from
+// first_row); padding rows mirror the last row: finite, unused.
+__device__ __forceinline__ void row_positions(const QueryBlock& qb, int first_row, int g, int (&qpos)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = first_row + g + 8 * r;
+    qpos[r] = qb.prefix + (i < qb.q_len ? i : qb.q_len - 1);
+  }
+}
+
+// Portable kernel (mma.sync): kWarps warps of 16 query rows each share every
+// K/V tile a block loads (double-buffered cp.async, rows padded by 16 bytes:
+// no ldmatrix bank conflicts).
+// NOTES: query tiles are taken heaviest first (the causal tile at the end of
+// a sequence attends to the most keys) across all heads, so the light ones
+// fill the tail (heaviest first within each head only, the profiler still saw
+// SMs idle 24% of the kernel at 1 x 4096, 16 heads); a
+// warp whose 16 rows all precede a kv tile skips it, and only tiles that
+// cross a row's diagonal are masked. q·k runs k-step outer, n-tile inner, so
+// consecutive mma.sync are independent.
+template <int kDn, int kR, int kDv, int kWarps>
+struct ExpandedSmem {
+  static constexpr int kBlockM = 16 * kWarps;
+  static constexpr int kDqk = kDn + kR;
+  static constexpr int kQStride = kDqk + 8, kKStride = kDqk + 8, kVStride = kDv + 8;
+  static constexpr int kQ = kBlockM * kQStride, kK = kBlockN * kKStride, kV = kBlockN * kVStride;
+  static constexpr size_t kBytes = sizeof(__nv_bfloat16) * (kQ + 2 * (kK + kV));
+};
+
+template <int kDn, int kR, int kDv, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32, 1) mla_expanded_mma_kernel(MlaExpandedParams p) {
+  using Smem = ExpandedSmem<kDn, kR, kDv, kWarps>;
+  constexpr int kBlockM = Smem::kBlockM;
+  constexpr int kDqk = Smem::kDqk, kKSteps = kDqk / 16, kSTiles = kBlockN / 8, kOTiles = kDv / 8;
+  static_assert(kDn % 8 == 0 && kR % 8 == 0 && kDqk % 32 == 0 && kDv % 16 == 0, "widths must tile");
+
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  auto* q_s = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  __nv_bfloat16* k_s = q_s + Smem::kQ;       // [2][kBlockN][kKStride]
+  __nv_bfloat16* v_s = k_s + 2 * Smem::kK;   // [2][kBlockN][kVStride]
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c2 = (lane % 4) * 2;
+  QueryBlock qb;
+  if (!query_block(p, kBlockM, qb)) return;
+  const int H = p.num_heads, h = qb.h;
+
+  // Q tile.
+  for (int c = tid; c < kBlockM * (kDqk / 8); c += blockDim.x) {
+    const int r = c / (kDqk / 8), col = (c % (kDqk / 8)) * 8;
+    const bool valid = qb.row0 + r < qb.q_len;
+    cp_async_16(q_s + r * Smem::kQStride + col,
+                p.q + (int64_t(qb.q_begin + qb.row0 + (valid ? r : 0)) * H + h) * kDqk + col, valid ? 16 : 0);
+  }
+  auto load_tile = [&](int j0, int buf) {
+    __nv_bfloat16* ks = k_s + buf * Smem::kK;
+    __nv_bfloat16* vs = v_s + buf * Smem::kV;
+    constexpr int kKChunks = kDqk / 8, kVChunks = kDv / 8;
+    for (int c = tid; c < kBlockN * (kKChunks + kVChunks); c += blockDim.x) {
+      const int r = c / (kKChunks + kVChunks), col = (c % (kKChunks + kVChunks)) * 8;
+      const bool valid = j0 + r < qb.kv_end;
+      const int64_t kv_row = qb.kv_begin + (valid ? j0 + r : 0);
+      const __nv_bfloat16* head = p.kv + (kv_row * H + h) * (kDn + kDv);
+      if (col < kDn)
+        cp_async_16(ks + r * Smem::kKStride + col, head + col, valid ? 16 : 0);
+      else if (col < kDqk)
+        cp_async_16(ks + r * Smem::kKStride + col, p.k_pe + kv_row * kR + (col - kDn), valid ? 16 : 0);
+      else
+        cp_async_16(vs + r * Smem::kVStride + (col - kDqk), head + kDn + (col - kDqk), valid ? 16 : 0);
+    }
+  };
+  load_tile(0, 0);
+  cp_async_commit();
+
+  int qpos[2];
+  row_positions(qb, qb.row0 + warp * 16, g, qpos);
+  // This warp's first and last row positions (padding rows sit at the last).
+  const int warp_first = qb.prefix + min(qb.row0 + warp * 16, qb.q_len - 1);
+  const int warp_last = qb.prefix + min(qb.row0 + warp * 16 + 15, qb.q_len - 1);
+  uint32_t qa[kKSteps][4];
+  float o[kOTiles][4] = {};
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  const float scale_log2 = p.scale * kLog2e;
+  const int num_tiles = (qb.kv_end + kBlockN - 1) / kBlockN;
+
+  for (int it = 0; it < num_tiles; ++it) {
+    const int j0 = it * kBlockN, buf = it & 1;
+    if (it + 1 < num_tiles) load_tile(j0 + kBlockN, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    if (it == 0) {
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks)
+        ldmatrix_x4(qa[ks], q_s + (warp * 16 + lane % 16) * Smem::kQStride + ks * 16 + (lane / 16) * 8);
+    }
+    const __nv_bfloat16* ks_tile = k_s + buf * Smem::kK;
+    const __nv_bfloat16* vs_tile = v_s + buf * Smem::kV;
+    if (j0 > warp_last) {  // every key of the tile is after every row of this warp
+      __syncthreads();
+      continue;
+    }
+
+    float s[kSTiles][4] = {};
+#pragma unroll
+    for (int k = 0; k < kDqk; k += 32) {
+#pragma unroll
+      for (int nt = 0; nt < kSTiles; ++nt) {
+        uint32_t bk[4];
+        ldmatrix_x4(bk, ks_tile + (nt * 8 + lane % 8) * Smem::kKStride + k + (lane / 8) * 8);
+        mma_bf16_16816(s[nt], qa[k / 16], bk[0], bk[1]);
+        mma_bf16_16816(s[nt], qa[k / 16 + 1], bk[2], bk[3]);
+      }
+    }
+    uint32_t pa[kBlockN / 16][4];
+    online_softmax(s, o, m_run, l_run, pa, j0, warp_first, qpos, scale_log2, c2);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+#pragma unroll
+      for (int j = 0; j < kOTiles; j += 2) {
+        uint32_t bv[4];
+        ldmatrix_x4_trans(bv, vs_tile + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * Smem::kVStride + j * 8 +
+                                  (lane / 16) * 8);
+        mma_bf16_16816(o[j], pa[kk], bv[0], bv[1]);
+        mma_bf16_16816(o[j + 1], pa[kk], bv[2], bv[3]);
+      }
+    }
+    __syncthreads();  // the next iteration refills the other buffer pair
+  }
+  store_rows<kDv>(p, o, l_run, qb.row0 + warp * 16, qb.q_len, qb.q_begin, h, lane);
+}
+
+// Hopper kernel (Dn 128, R 64, Dv 128): three consumer warpgroups of 64 query
+// rows and a producer warpgroup (setmaxnreg: 24 registers, the consumers
+// 160). The producer's first thread loads the Q tile once and each 64-row
+// K/V tile by bulk tensor copies (k_nope and v: boxes of 64 dims x 1 head x
+// 64 rows of kv; k_pe: 64 x 64) into a ring of kTmaStages stages with full /
+// empty mbarriers, in the 128-byte-swizzled layout wgmma reads. Each
+// warpgroup runs its tiles on its own schedule (no block barrier per tile),
+// so one's softmax overlaps another's products: q·k on wgmma (Q, K from
+// shared memory), P·V on wgmma (P from registers, V as the MN-major B
+// operand). Rows of a tile past a sequence's keys (the next sequence's, or
+// zeros past kv_rows) are masked like future keys. H100, 128 heads x 4096:
+// 1.56 ms against 2.77 for the previous Hopper kernel (cp.async by all 12
+// warps, two block barriers a tile; perf.md session 17).
+// NOTES: next would be FlashAttention-3's intra-warpgroup overlap (the next
+// tile's q·k issued before this tile's softmax) and separate K and V
+// barriers.
+constexpr int kTmaConsumers = 3, kTmaStages = 3, kTmaThreads = 128 * (kTmaConsumers + 1);
+constexpr int kTmaBlockM = 64 * kTmaConsumers;
+constexpr int kTmaQBytes = kTmaBlockM * 192 * 2, kTmaKBytes = kBlockN * 192 * 2, kTmaVBytes = kBlockN * 128 * 2;
+constexpr int kTmaStageBytes = kTmaKBytes + kTmaVBytes;
+constexpr size_t kTmaSmemBytes = 1024 + kTmaQBytes + size_t(kTmaStages) * kTmaStageBytes;
+
+__global__ void __launch_bounds__(kTmaThreads, 1)
+    mla_expanded_tma_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_kv,
+                            const __grid_constant__ CUtensorMap map_pe, MlaExpandedParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kDn = 128, kDv = 128, kDqk = 192, kSTiles = kBlockN / 8, kOTiles = kDv / 8;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* q_s = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* stages = q_s + kTmaQBytes;
+  __shared__ __align__(8) uint64_t q_full, full[kTmaStages], empty[kTmaStages];
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c2 = (lane % 4) * 2;
+  QueryBlock qb;
+  if (!query_block(p, kTmaBlockM, qb)) return;
+  const int num_tiles = (qb.kv_end + kBlockN - 1) / kBlockN;
+
+  if (tid == 0) {
+    sm90::mbar_init(&q_full, 1);
+    for (int st = 0; st < kTmaStages; ++st) {
+      sm90::mbar_init(&full[st], 1);
+      sm90::mbar_init(&empty[st], 4 * kTmaConsumers);  // lane 0 of every consumer warp
+    }
+    sm90::mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (warp >= 4 * kTmaConsumers) {  // the producer warpgroup
+    sm90::setmaxnreg_dec<24>();
+    if (tid == 128 * kTmaConsumers) {
+      sm90::mbar_arrive_expect_tx(&q_full, kTmaQBytes);
+      for (int cb = 0; cb < kDqk / 64; ++cb)
+        sm90::tma_load_3d(q_s + cb * kTmaBlockM * 128, &map_q, &q_full, cb * 64, qb.h, qb.q_begin + qb.row0);
+      for (int t = 0; t < num_tiles; ++t) {
+        const int st = t % kTmaStages;
+        if (t >= kTmaStages) sm90::mbar_wait(&empty[st], (t / kTmaStages - 1) & 1);
+        uint8_t* k = stages + st * kTmaStageBytes;
+        uint8_t* v = k + kTmaKBytes;
+        const int row = qb.kv_begin + t * kBlockN;
+        sm90::mbar_arrive_expect_tx(&full[st], kTmaStageBytes);
+        sm90::tma_load_3d(k, &map_kv, &full[st], 0, qb.h, row);
+        sm90::tma_load_3d(k + kBlockN * 128, &map_kv, &full[st], 64, qb.h, row);
+        sm90::tma_load_2d(k + 2 * kBlockN * 128, &map_pe, &full[st], 0, row);
+        sm90::tma_load_3d(v, &map_kv, &full[st], kDn, qb.h, row);
+        sm90::tma_load_3d(v + kBlockN * 128, &map_kv, &full[st], kDn + 64, qb.h, row);
+      }
+    }
+    return;
+  }
+
+  sm90::setmaxnreg_inc<160>();
+  const int wg = warp / 4;
+  int qpos[2];
+  row_positions(qb, qb.row0 + warp * 16, g, qpos);
+  const int warp_first = qb.prefix + min(qb.row0 + warp * 16, qb.q_len - 1);
+  // A warpgroup's products are one instruction: a tile is skipped only past its last row.
+  const int skip_after = qb.prefix + min(qb.row0 + wg * 64 + 63, qb.q_len - 1);
+  float o[kOTiles][4] = {};
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  const float scale_log2 = p.scale * kLog2e;
+  const uint32_t qa_base = sm90::smem_u32(q_s) + wg * 64 * 128;
+  sm90::mbar_wait(&q_full, 0);
+
+  for (int t = 0; t < num_tiles; ++t) {
+    const int st = t % kTmaStages, j0 = t * kBlockN;
+    // Skipped tiles are waited for too: a release must not run ahead of the stage's fill.
+    sm90::mbar_wait(&full[st], (t / kTmaStages) & 1);
+    if (j0 <= skip_after) {
+      const uint32_t kb_base = sm90::smem_u32(stages + st * kTmaStageBytes);
+      const uint32_t vb_base = kb_base + kTmaKBytes;
+      float s[kSTiles][4] = {};
+      float(&sacc)[kSTiles * 4] = *reinterpret_cast<float(*)[kSTiles * 4]>(&s[0][0]);
+      sm90::fence_registers(sacc);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int blk = 0; blk < kDqk / 64; ++blk) {
+        const uint64_t da = sm90::wgmma_desc(qa_base + blk * kTmaBlockM * 128);
+        const uint64_t db = sm90::wgmma_desc(kb_base + blk * kBlockN * 128);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) sm90::wgmma_m64n64k16_bf16(sacc, da + 2 * kk, db + 2 * kk, blk + kk > 0);
+      }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::fence_registers(sacc);
+
+      uint32_t pa[kBlockN / 16][4];
+      online_softmax(s, o, m_run, l_run, pa, j0, warp_first, qpos, scale_log2, c2);
+      float(&oacc)[kOTiles * 4] = *reinterpret_cast<float(*)[kOTiles * 4]>(&o[0][0]);
+      sm90::fence_registers(oacc);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk)
+        sm90::wgmma_m64n128k16_bf16_rs_mn(oacc, pa[kk], sm90::wgmma_desc_mn(vb_base + kk * 16 * 128, kBlockN * 128));
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::fence_registers(oacc);
+    }
+    __syncwarp();
+    if (lane == 0) sm90::mbar_arrive(&empty[st]);
+  }
+  store_rows<kDv>(p, o, l_run, qb.row0 + warp * 16, qb.q_len, qb.q_begin, qb.h, lane);
+#else
+  __trap();  // built for sm_90a only; the host never picks it elsewhere
+#endif
+}
+
 // Any widths: one block per (token, head), one kv row at a time. For tiny
 // test models only.
 __global__ void mla_expanded_reference_kernel(MlaExpandedParams p) {
@@ -324,31 +433,52 @@ __global__ void mla_expanded_reference_kernel(MlaExpandedParams p) {
     p.out[(int64_t(t) * H + h) * p.v_dim + d] = __float2bfloat16(l > 0.0f ? acc[d] / l : 0.0f);
 }
 
-template <int kWarps, int kMinBlocks, bool kWgmma>
+// The portable kernel: 8 warps (128 query rows share each K/V tile), one
+// block per SM (134 KB). Measured on the H200 (one run, 16 heads): 1 x 4096
+// in 581 us (148 TFLOP/s) against 712 us for 4 warps at two blocks per SM
+// and 745 us for the previous kernel (64 rows, tiles in launch order); 8 x
+// 512: 102 / 117 / 120 us; 128 heads, 1 x 4096: 3.63 / 4.62 / 4.74 ms.
 void launch_mma(const MlaExpandedParams& p, cudaStream_t stream) {
-  using Smem = ExpandedSmem<128, 64, 128, kWarps, kWgmma>;
-  auto kernel = mla_expanded_mma_kernel<128, 64, 128, kWarps, kMinBlocks, kWgmma>;
-  static bool attribute_set = false;  // once per process and variant
-  if (!attribute_set) {
+  constexpr int kWarps = 8;
+  using Smem = ExpandedSmem<128, 64, 128, kWarps>;
+  auto kernel = mla_expanded_mma_kernel<128, 64, 128, kWarps>;
+  static const bool attribute_set = [&] {
     MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::kBytes)),
                    "mla_attention_expanded");
-    attribute_set = true;
-  }
+    return true;
+  }();
+  (void)attribute_set;
   const dim3 grid(p.num_heads, p.num_seqs, (p.max_q_len + Smem::kBlockM - 1) / Smem::kBlockM);
   kernel<<<grid, kWarps * 32, Smem::kBytes, stream>>>(p);
   check_launch("mla_attention_expanded");
 }
 
-// mma.sync: 8 warps (128 query rows share each K/V tile), one block per SM
-// (134 KB). Measured on the H200 (one run, 16 heads): 1 x 4096 in 581 us
-// (148 TFLOP/s) against 712 us for 4 warps at two blocks per SM and 745 us
-// for the previous kernel (64 rows, tiles in launch order); 8 x 512: 102 /
-// 117 / 120 us; 128 heads, 1 x 4096: 3.63 / 4.62 / 4.74 ms.
-// wgmma q·k: Q stays in shared memory, so the kernel needs 160 registers
-// instead of 237 and 12 warps (192 query rows a K/V tile, 154 KB) fit one
-// block per SM: H100 (perf.md session 8), 128 heads x 4096 2.65 ms against
-// 3.21 with 8 warps and 3.40 on mma.sync.
-constexpr int kMmaSyncWarps = 8, kWgmmaWarps = 12;
+// The Hopper kernel's tensor maps: q {T, H, 192} and kv {Lk, H, 256} in
+// boxes of 64 dims x 1 head x rows, k_pe {Lk, 64} in 64 x 64 boxes.
+void launch_tma(const MlaExpandedParams& p, cudaStream_t stream) {
+  const uint64_t H = uint64_t(p.num_heads), T = uint64_t(p.num_tokens), Lk = uint64_t(p.kv_rows);
+  const uint64_t q_dims[3] = {192, H, T}, q_strides[2] = {192 * 2, H * 192 * 2};
+  const uint32_t q_box[3] = {64, 1, kTmaBlockM};
+  const uint64_t kv_dims[3] = {256, H, Lk}, kv_strides[2] = {256 * 2, H * 256 * 2};
+  const uint32_t kv_box[3] = {64, 1, kBlockN};
+  const uint64_t pe_dims[2] = {64, Lk}, pe_strides[1] = {64 * 2};
+  const uint32_t pe_box[2] = {64, kBlockN};
+  const CUtensorMap map_q = bf16_swizzled_tensor_map(p.q, 3, q_dims, q_strides, q_box, "mla_attention_expanded q");
+  const CUtensorMap map_kv =
+      bf16_swizzled_tensor_map(p.kv, 3, kv_dims, kv_strides, kv_box, "mla_attention_expanded kv");
+  const CUtensorMap map_pe =
+      bf16_swizzled_tensor_map(p.k_pe, 2, pe_dims, pe_strides, pe_box, "mla_attention_expanded k_pe");
+  static const bool attribute_set = [] {
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(mla_expanded_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(kTmaSmemBytes)),
+                   "mla_attention_expanded");
+    return true;
+  }();
+  (void)attribute_set;
+  const dim3 grid(p.num_heads, p.num_seqs, (p.max_q_len + kTmaBlockM - 1) / kTmaBlockM);
+  mla_expanded_tma_kernel<<<grid, kTmaThreads, kTmaSmemBytes, stream>>>(map_q, map_kv, map_pe, p);
+  check_launch("mla_attention_expanded");
+}
 
 }  // namespace
 
@@ -369,12 +499,13 @@ void mla_attention_expanded(const MlaExpandedParams& p, cudaStream_t stream) {
     check_launch("mla_attention_expanded (reference kernel)");
     return;
   }
-  const bool wgmma = p.qk_wgmma < 0 ? sm90_gemm_supported() : p.qk_wgmma != 0;
-  MLA_CUDA_REQUIRE(!wgmma || sm90_gemm_supported(), "mla_attention_expanded: q·k on wgmma needs a Hopper GPU");
-  if (wgmma)
-    launch_mma<kWgmmaWarps, 1, true>(p, stream);
+  const bool sm90 = p.sm90 < 0 ? sm90_gemm_supported() : p.sm90 != 0;
+  MLA_CUDA_REQUIRE(!sm90 || (sm90_gemm_supported() && p.kv_rows > 0),
+                   "mla_attention_expanded: the Hopper kernel needs a Hopper GPU and kv_rows");
+  if (sm90)
+    launch_tma(p, stream);
   else
-    launch_mma<kMmaSyncWarps, 1, false>(p, stream);
+    launch_mma(p, stream);
 }
 
 }  // namespace mlaserve::cuda

@@ -3,10 +3,11 @@
 // the latent into per-head k_nope and v, so this is ordinary multi-head
 // attention with q·k over Dn + R = 192 and v of width Dv = 128, causal within
 // a sequence's new tokens and full over its cached prefix.
-// Flash-attention style: a block owns 128 query rows of one head (8 warps of
-// 16), streams 64-row K/V tiles through shared memory (double-buffered
-// cp.async), keeps the running softmax in registers, and uses mma.sync
-// tensor cores for P·V (q·k too, except on Hopper: wgmma).
+// Flash-attention style: a block owns a tile of query rows of one head,
+// streams 64-row K/V tiles through shared memory and keeps the running
+// softmax in registers. On Hopper: 192 rows on three consumer warpgroups fed
+// by a TMA producer warpgroup, both products on wgmma; elsewhere 128 rows on
+// 8 warps of mma.sync with double-buffered cp.async.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -21,6 +22,7 @@ struct MlaExpandedParams {
   const int32_t* q_indptr = nullptr;    // {B + 1}
   const int32_t* kv_indptr = nullptr;   // {B + 1}
   int num_seqs = 0, num_tokens = 0, num_heads = 0, max_q_len = 0;
+  int64_t kv_rows = 0;  // Lk (the bounds of the Hopper kernel's tile loads)
   int nope_dim = 0, rope_dim = 0, v_dim = 0;
   float scale = 1.0f;
   __nv_bfloat16* out = nullptr;  // {T, H, Dv}
@@ -31,7 +33,7 @@ struct MlaExpandedParams {
   uint8_t* out_q = nullptr;
   float* out_scale = nullptr;
   int64_t out_scale_ld = 0;
-  int qk_wgmma = -1;  // q·k on wgmma: 1 yes, 0 mma.sync, -1 where the GPU is a Hopper (benchmarks, tests)
+  int sm90 = -1;  // the Hopper kernel (TMA, wgmma): 1 yes, 0 the mma.sync one, -1 where the GPU is a Hopper
 };
 
 // Dn = 128, R = 64, Dv = 128 (DeepSeek V2/V3) take the tensor-core kernel.
