@@ -243,7 +243,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) mla_expanded_mma_kernel(MlaExp
     }
     const __nv_bfloat16* ks_tile = k_s + buf * Smem::kK;
     const __nv_bfloat16* vs_tile = v_s + buf * Smem::kV;
-    if (j0 > warp_last) {  // every key of the tile is after every row of this warp
+    // Every key of the tile is after every row of this warp, or the warp's rows are all past the sequence's.
+    if (j0 > warp_last || qb.row0 + warp * 16 >= qb.q_len) {
       __syncthreads();
       continue;
     }
@@ -354,7 +355,9 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   int qpos[2];
   row_positions(qb, qb.row0 + warp * 16, g, qpos);
   const int warp_first = qb.prefix + min(qb.row0 + warp * 16, qb.q_len - 1);
-  // A warpgroup's products are one instruction: a tile is skipped only past its last row.
+  // A warpgroup's products are one instruction: a tile is skipped only past
+  // its last row, and every tile when all its rows are past the sequence's.
+  const bool has_rows = qb.row0 + wg * 64 < qb.q_len;
   const int skip_after = qb.prefix + min(qb.row0 + wg * 64 + 63, qb.q_len - 1);
   float o[kOTiles][4] = {};
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
@@ -366,7 +369,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
     const int st = t % kTmaStages, j0 = t * kBlockN;
     // Skipped tiles are waited for too: a release must not run ahead of the stage's fill.
     sm90::mbar_wait(&full[st], (t / kTmaStages) & 1);
-    if (j0 <= skip_after) {
+    if (has_rows && j0 <= skip_after) {
       const uint32_t kb_base = sm90::smem_u32(stages + st * kTmaStageBytes);
       const uint32_t vb_base = kb_base + kTmaKBytes;
       float s[kSTiles][4] = {};
