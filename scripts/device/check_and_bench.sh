@@ -3,7 +3,7 @@
 # .device-cuda.pack carried (see pack.sh): device facts, the GPU tests, a
 # compute-sanitizer pass over them, and the kernel benchmarks. Logs go to
 # $OUT; the last lines printed are the summary.
-# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|grouped|fp8|model|nopdl|ncu|ncudetail|engine|v3fp8|ab|envab|ncuv3|peer]...
+# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|grouped|fp8|model|nopdl|ncu|ncudetail|engine|v3fp8|ab|envab|ncuv3|ncuprefill|peer]...
 # (default: tests sanitize bench model peer). nopdl repeats the model's decode
 # with programmatic dependent launch off (MLASERVE_PDL=0), to show what it buys;
 # ncu times every kernel of a few decode steps of a 4-layer v2-lite with
@@ -170,6 +170,19 @@ for step in "${steps[@]}"; do
         "$dir/bench_model_cuda" --dir "$V3" --preset v3-slice --dtype fp8 --prefill 0 --batches 1 --output 3 \
         > "$OUT/ncu_v3.csv" 2> "$OUT/ncu_v3.err"
       summary+=("ncu v3-slice: rc=$?, $(grep -c gpu__time_duration "$OUT/ncu_v3.csv") kernels")
+      ;;
+    ncuprefill)
+      # Kernel times of one v3-slice block-FP8 prefill of 1 x 4096 (the
+      # bench's second forward of that shape: the first warms up).
+      make_room_for "$V3"
+      "$dir/bench_model_cuda" --dir "$V3" --preset v3-slice --dtype fp8 --batches none > "$OUT/ncu_prefill_make.log" 2>&1
+      ncu=$(command -v ncu || find /opt/nvidia /usr/local -name ncu -type f 2>/dev/null | head -1)
+      "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+        "$dir/bench_model_cuda" --dir "$V3" --preset v3-slice --dtype fp8 --batches none \
+        > "$OUT/ncu_prefill.csv" 2> "$OUT/ncu_prefill.err"
+      python3 scripts/device/ncu_kernel_times.py "$OUT/ncu_prefill.csv" --marker "${NCU_MARKER:-embedding}" \
+        --first 1 --count 1 | tee "$OUT/ncu_prefill.md"
+      summary+=("ncu v3-slice prefill: rc=$?")
       ;;
     peer)
       PYTHONUNBUFFERED=1 python3 scripts/device/hf_peer.py "$CKPT" ${PEER_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/peer.log"
