@@ -279,7 +279,19 @@ void append_entry(ScheduledBatch& b, Request& r, int n, int page_size, std::opti
     f.positions.push_back(pos);
     f.out_slots.push_back(slot(pos));
   }
-  for (int pos = 0; pos < pos0 + n; ++pos) f.kv_slots.push_back(slot(pos));
+  // Every slot the sequence attends to, a page at a time: the whole context
+  // is listed each step, and a division per position cost ~3.3 ms a step at
+  // 64 requests x 8192 tokens (development VM, page size 1) against ~1.3
+  // this way (page size 64: 3.1 against 2.2).
+  const int kv_end = pos0 + n;
+  if (page_size == 1) {
+    f.kv_slots.insert(f.kv_slots.end(), r.pages.begin(), r.pages.begin() + kv_end);
+  } else {
+    for (int pos = 0; pos < kv_end; pos += page_size) {
+      const int32_t first = r.pages[size_t(pos / page_size)] * page_size;
+      for (int i = 0, end = std::min(page_size, kv_end - pos); i < end; ++i) f.kv_slots.push_back(first + i);
+    }
+  }
   f.q_indptr.push_back(int32_t(f.input_ids.size()));
   f.kv_indptr.push_back(int32_t(f.kv_slots.size()));
   ScheduledBatch::Entry e{&r, n};
