@@ -780,22 +780,36 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
+// A tensor of `rank` dimensions (dims[0] innermost; byte_strides[i] the step
+// of dimension i + 1) loaded in boxes of `box` elements.
+CUtensorMap encode_tensor_map(const void* base, CUtensorMapDataType type, int rank, const uint64_t* dims,
+                              const uint64_t* byte_strides, const uint32_t* box, bool swizzle_128b, const char* what) {
+  MLA_CUDA_REQUIRE(rank >= 1 && rank <= 5, std::string("tensor map for ") + what + ": rank 1 to 5");
+  CUtensorMap map;
+  cuuint64_t d[5], st[4];
+  cuuint32_t b[5], element_strides[5];
+  for (int i = 0; i < rank; ++i) {
+    d[i] = dims[i];
+    b[i] = box[i];
+    element_strides[i] = 1;
+    if (i + 1 < rank) st[i] = byte_strides[i];
+  }
+  const CUresult r = tensor_map_encoder()(
+      &map, type, cuuint32_t(rank), const_cast<void*>(base), d, st, b, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      swizzle_128b ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MLA_CUDA_REQUIRE(r == CUDA_SUCCESS, std::string("cuTensorMapEncodeTiled failed for ") + what + " (error " +
+                                          std::to_string(int(r)) + ")");
+  return map;
+}
+
 // Row-major {outer, inner} tensor, rows row_bytes apart, loaded in
 // {box_outer, box_inner} boxes; swizzled boxes are one 128-byte row wide.
 CUtensorMap tensor_map(const void* base, CUtensorMapDataType type, uint64_t inner, uint64_t outer, uint64_t row_bytes,
                        uint32_t box_inner, uint32_t box_outer, bool swizzle_128b, const char* what) {
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {inner, outer};
-  const cuuint64_t strides[1] = {row_bytes};
-  const cuuint32_t box[2] = {box_inner, box_outer};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = tensor_map_encoder()(
-      &map, type, 2, const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      swizzle_128b ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  MLA_CUDA_REQUIRE(r == CUDA_SUCCESS, std::string("sm90 gemm: cuTensorMapEncodeTiled failed for ") + what +
-                                          " (error " + std::to_string(int(r)) + ")");
-  return map;
+  const uint64_t dims[2] = {inner, outer}, strides[1] = {row_bytes};
+  const uint32_t box[2] = {box_inner, box_outer};
+  return encode_tensor_map(base, type, 2, dims, strides, box, swizzle_128b, (std::string("sm90 gemm ") + what).c_str());
 }
 
 CUtensorMap bf16_tile_map(const __nv_bfloat16* base, int64_t rows, int64_t cols, uint32_t box_rows, const char* what) {
@@ -1475,24 +1489,9 @@ void fp8_gemm_sm90(const Sm90Fp8GemmParams& p, cudaStream_t stream) {
 
 CUtensorMap bf16_swizzled_tensor_map(const void* base, int rank, const uint64_t* dims, const uint64_t* byte_strides,
                                      const uint32_t* box, const char* what) {
-  MLA_CUDA_REQUIRE(rank >= 2 && rank <= 5 && box[0] == kRowBytes / 2,
-                   std::string("tensor map for ") + what + ": rank 2-5 and 64-value boxes");
-  CUtensorMap map;
-  cuuint64_t d[5], st[4];
-  cuuint32_t b[5], element_strides[5];
-  for (int i = 0; i < rank; ++i) {
-    d[i] = dims[i];
-    b[i] = box[i];
-    element_strides[i] = 1;
-    if (i + 1 < rank) st[i] = byte_strides[i];
-  }
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, cuuint32_t(rank), const_cast<void*>(base),
-                                          d, st, b, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  MLA_CUDA_REQUIRE(r == CUDA_SUCCESS, std::string("cuTensorMapEncodeTiled failed for ") + what + " (error " +
-                                          std::to_string(int(r)) + ")");
-  return map;
+  MLA_CUDA_REQUIRE(rank >= 2 && box[0] == kRowBytes / 2, std::string("tensor map for ") + what +
+                                                             ": rank 2 or more and 64-value boxes");
+  return encode_tensor_map(base, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, dims, byte_strides, box, true, what);
 }
 
 }  // namespace mlaserve::cuda
