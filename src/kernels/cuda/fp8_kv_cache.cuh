@@ -12,11 +12,8 @@
 
 namespace mlaserve::cuda {
 
-// c_kv[c .. c+7] of a slot (c a multiple of 8) as f32.
-__device__ __forceinline__ void load_fp8_kv_latent8(const uint8_t* slot, const Fp8KvLayout& layout, int c,
-                                                    float (&v)[8]) {
-  const uint2 q = *reinterpret_cast<const uint2*>(slot + c);
-  const float s = reinterpret_cast<const float*>(slot + layout.scale_offset())[c / kFp8KvGroup];
+// Eight e4m3 values (packed little-endian in q) times scale s, as f32.
+__device__ __forceinline__ void widen_e4m3x8(uint2 q, float s, float (&v)[8]) {
   const uint32_t words[2] = {q.x, q.y};
 #pragma unroll
   for (int w = 0; w < 2; ++w) {
@@ -28,6 +25,13 @@ __device__ __forceinline__ void load_fp8_kv_latent8(const uint8_t* slot, const F
       v[4 * w + 2 * h + 1] = f.y * s;
     }
   }
+}
+
+// c_kv[c .. c+7] of a slot (c a multiple of 8) as f32.
+__device__ __forceinline__ void load_fp8_kv_latent8(const uint8_t* slot, const Fp8KvLayout& layout, int c,
+                                                    float (&v)[8]) {
+  const float s = reinterpret_cast<const float*>(slot + layout.scale_offset())[c / kFp8KvGroup];
+  widen_e4m3x8(*reinterpret_cast<const uint2*>(slot + c), s, v);
 }
 
 // Value c of a slot's row [c_kv | k_pe] (c < L + R) as f32, any layout.
