@@ -59,14 +59,19 @@ __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
 // block barriers: 431-434); the same kernel without the copies 295 us,
 // without the MMAs 354, without both 117: the copies (1.2 GB from L2, each
 // tile once per 64-head block) now bound it, the consumers' serial scores /
-// softmax / products close behind. FP8 559-569 us (was 615-623). Measured
-// and dropped: each producer warp copying whole rows with its lanes on
-// consecutive chunks (455 us); earlier (session 9) bulk L2 prefetch of the
-// next tiles (+10%), skipping the rescale when no row maximum moved (+3-8%),
-// 48-row FP8 tiles (+20%). Next: the two head blocks of a token in a
-// cluster with each tile multicast, and the scores of one tile overlapping
-// the other's softmax (FlashMLA's two-tile schedule), which needs smem for a
-// third stage.
+// softmax / products close behind. Nsight Compute: L2 throughput 93%, DRAM
+// 53%. FP8 559-569 us (was 615-623; L1/TEX 76%: the producer's loads and
+// stores). Measured and dropped (session 18, tests passing): each producer
+// warp copying whole rows with its lanes on consecutive chunks (455 us); the
+// token's two head blocks in a cluster sharing each tile, either by TMA
+// (one 64 x 1 box a row and column block, multicast: 1062 us, the boxes are
+// too small) or each copying 32 rows and forwarding them to the other by
+// bulk shared-to-shared copies (432 us: half the L2 reads, but a longer
+// path a tile with only two stages); the next tile's scores issued behind
+// this tile's products (spills at 200-232 registers). Earlier (session 9):
+// bulk L2 prefetch of the next tiles (+10%), skipping the rescale when no
+// row maximum moved (+3-8%), 48-row FP8 tiles (+20%). Next: a third stage
+// (Q takes 72 KB of the 227), which FlashMLA's two-tile schedule also needs.
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsorbedParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
