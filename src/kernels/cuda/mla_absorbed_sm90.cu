@@ -56,11 +56,11 @@ __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
 // MN-major B operand: the same tile serves K and V).
 // NOTES: H100, 64 x 8192 x 128 heads, bf16 (perf.md session 18): 383-388
 // us (before the producer warpgroup, every thread copying and meeting at
-// block barriers: 431-434); the same kernel without the copies 295 us,
+// block barriers: 428-434); the same kernel without the copies 295 us,
 // without the MMAs 354, without both 117: the copies (1.2 GB from L2, each
 // tile once per 64-head block) now bound it, the consumers' serial scores /
 // softmax / products close behind. Nsight Compute: L2 throughput 93%, DRAM
-// 53%. FP8 559-569 us (was 615-623; L1/TEX 76%: the producer's loads and
+// 53%. FP8 562-569 us (was 615-620; L1/TEX 76%: the producer's loads and
 // stores). Measured and dropped (session 18, tests passing): each producer
 // warp copying whole rows with its lanes on consecutive chunks (455 us); the
 // token's two head blocks in a cluster sharing each tile, either by TMA
@@ -171,6 +171,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
         sm90::fence_proxy_async_smem();  // wgmma reads what these stores wrote
         sm90::mbar_arrive(&full[stage]);
       };
+      // One call site (the bf16 loop's two unrolled ones spill here).
 #pragma unroll 1
       for (int it = 0; it < num_tiles; ++it) produce(it, it % 2 ? slot_odd : slot_even);
     } else {
