@@ -179,7 +179,8 @@ void BM_Fp8MoeGroupedPath(benchmark::State& state) {
 void BM_Sm90Fp8Gemm(benchmark::State& state) {
   if (skip_without_hopper(state)) return;
   const int m = int(state.range(0)), n = int(state.range(1)), k = int(state.range(2));
-  const Sm90GemmVariant variant{0, int(state.range(3)), int(state.range(4)), -1, 0, int(state.range(5))};
+  const Sm90GemmVariant variant{0,  int(state.range(3)), int(state.range(4)), -1, 0, int(state.range(5)),
+                                0,  int(state.range(6))};
   const int64_t ld = fp8_act_scale_ld(m);
   DeviceBuffer x(size_t(m) * k * 2), a(size_t(ld) * k), a_scale(size_t(ld) * (k / 128) * 4);
   DeviceBuffer w(size_t(n) * k), w_scale(size_t((n + 127) / 128) * (k / 128) * 4), out(size_t(m) * n * 2);
@@ -208,8 +209,8 @@ void BM_Sm90Fp8Gemm(benchmark::State& state) {
 // block_m, gather in producer, cluster_m}; fp8 {tokens, overlapped
 // promotion, gather in producer, cluster_m, shared experts, block_m (192:
 // runs of an expert's blocks on three consumer warpgroups)}; dense {m, n,
-// k, overlapped, block_m, cluster_m} (cluster_m 1: a CTA a tile, 2: pairs
-// sharing weights).
+// k, overlapped, block_m, cluster_m, block_n} (cluster_m 1: a CTA a tile, 2:
+// pairs sharing weights; block_n 192: 128 x 192 tiles).
 void bf16_args(benchmark::internal::Benchmark* b) {
   for (int tokens : {128, 192}) b->Args({tokens, 0, 1, 0});
   for (int tokens : {256, 512, 1024, 2048, 4096}) {
@@ -240,10 +241,11 @@ void dense_args(benchmark::internal::Benchmark* b) {
   const int shapes[][2] = {{1536, 7168}, {24576, 1536}, {576, 7168}, {7168, 16384},
                            {4096, 7168}, {7168, 2048},  {36864, 7168}, {7168, 18432}};
   for (const auto& s : shapes) {
-    b->Args({4096, s[0], s[1], 1, 128, 1});
-    b->Args({4096, s[0], s[1], 1, 128, 2});
-    b->Args({4096, s[0], s[1], 0, 128, 2});
-    b->Args({4096, s[0], s[1], 0, 192, 1});
+    b->Args({4096, s[0], s[1], 1, 128, 1, 128});
+    b->Args({4096, s[0], s[1], 1, 128, 2, 128});
+    for (int cluster : {1, 2}) b->Args({4096, s[0], s[1], 0, 128, cluster, 128});
+    b->Args({4096, s[0], s[1], 0, 192, 1, 128});
+    for (int cluster : {1, 2}) b->Args({4096, s[0], s[1], 0, 128, cluster, 192});
   }
 }
 BENCHMARK(BM_Sm90MoeBf16)->Apply(bf16_args)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);

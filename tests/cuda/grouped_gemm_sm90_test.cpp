@@ -53,7 +53,7 @@ std::string variant_name(const Sm90GemmVariant& v) {
   return "bf16 block_m " + std::to_string(v.bf16_block_m) + ", overlap " + std::to_string(v.fp8_overlap_promotion) +
          ", fp8 block_m " + std::to_string(v.fp8_block_m) + ", gather " + std::to_string(v.gather_in_producer) +
          ", k splits " + std::to_string(v.fp8_k_splits) + ", cluster_m " + std::to_string(v.cluster_m) +
-         ", fp8 moe block_m " + std::to_string(v.fp8_moe_block_m);
+         ", fp8 moe block_m " + std::to_string(v.fp8_moe_block_m) + ", fp8 block_n " + std::to_string(v.fp8_block_n);
 }
 
 double silu_mul(double g, double u) { return g / (1.0 + std::exp(-g)) * u; }
@@ -318,6 +318,9 @@ TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
   // 192 x 128 tiles on three consumer warpgroups (a last tile of 64 or 128 rows idles the others), also split.
   variants.push_back(Sm90GemmVariant{0, 0, 192, -1, 0, 1});
   variants.push_back(Sm90GemmVariant{0, 0, 192, -1, 3, 1});
+  // 128 x 192 tiles (N not a multiple of 192 in most shapes: a partial last column tile), alone and in pairs.
+  variants.push_back(Sm90GemmVariant{0, 0, 128, -1, 0, 1, 0, 192});
+  variants.push_back(Sm90GemmVariant{0, 0, 128, -1, 0, 2, 0, 192});
   for (const Sm90GemmVariant& v : variants) {
     SCOPED_TRACE(variant_name(v));
     auto dout = poisoned(size_t(m) * n * 2);
@@ -341,7 +344,8 @@ TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
           << "quantizing in the GEMM differs from the quantization kernel";
     }
     const std::string detail = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + ", o" +
-                               std::to_string(v.fp8_overlap_promotion) + " bm" + std::to_string(v.fp8_block_m);
+                               std::to_string(v.fp8_overlap_promotion) + " bm" + std::to_string(v.fp8_block_m) +
+                               " bn" + std::to_string(v.fp8_block_n);
     // Same quantized operands: only f32 accumulation order and bf16 output rounding differ.
     const double err = rel_l2(out, ref_scheme), err_exact = rel_l2(out, ref_exact);
     report_fp8("sm90 fp8 gemm vs scheme", detail.c_str(), err, kBf16Tol);

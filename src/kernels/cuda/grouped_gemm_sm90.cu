@@ -64,6 +64,17 @@ struct Fp8Rows128 {
   static constexpr int kBlockM = 128, kBlockN = 128, kBlockK = 128, kStages = 6, kConsumers = 2;
 };
 
+// fp8 for dense GEMMs, 128 x 192 tiles (each consumer warpgroup 64 x 192,
+// m64n192k32): a sixth fewer bytes from L2 per product than 128 x 128.
+// Partials and totals take 192 registers a thread, so the promotion is
+// serial, the warpgroups taking turns on the tensor cores. The fastest own
+// tile at M = 4096 on 7 of 8 V3 shapes (H100, perf.md session 19), still
+// 10-20% behind cuBLASLt, so only on request. 5 stages of 40.5 KB.
+struct Fp8Rows128Wide {
+  static constexpr bool kFp8 = true, kSplitM = true, kOverlapPromotion = false;
+  static constexpr int kBlockM = 128, kBlockN = 192, kBlockK = 128, kStages = 5, kConsumers = 2;
+};
+
 // fp8, 192 x 128 tiles over three consumer warpgroups (64 x 128 each, one
 // partial set: 160 registers a thread). For the MoE a unit is a run of one
 // to three of an expert's 64-row blocks (GemmArgs::row_units), so each
@@ -78,6 +89,14 @@ struct Fp8Rows192 {
 template <class T>
 constexpr int threads_of() {
   return 128 * (1 + T::kConsumers);
+}
+
+template <class T>
+constexpr bool serial_fp8_promotion() {
+  if constexpr (T::kFp8)
+    return !T::kOverlapPromotion;
+  else
+    return false;
 }
 
 static_assert(Fp8Tiles<false>::kBlockM == kSm90Fp8BlockM, "the MoE align step pads to the fp8 row tile");
@@ -270,8 +289,8 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
     for (int s = 0; s < kStages; ++s) {
       // The TMA thread's arrival, plus every producer thread's when they write A (gather: cp.async; quantize).
       sm90::mbar_init(&full[s], kProducerWrites ? 1 + 128 : 1);
-      // Every consumer thread releases; in pairs, one arrival per consumer warp of both CTAs.
-      sm90::mbar_init(&empty[s], kPair ? 2 * T::kConsumers * 4 : T::kConsumers * 128);
+      // One arrival per consumer warp (of both CTAs in pairs).
+      sm90::mbar_init(&empty[s], (kPair ? 2 : 1) * T::kConsumers * 4);
     }
     sm90::mbar_init_fence();
     sm90::tma_prefetch_map(&map_w);
@@ -502,16 +521,29 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
   const uint32_t a_base = smem_u32(a_smem) + (T::kSplitM ? wg * 64 * kRowBytes : 0);
   const uint32_t w_base = smem_u32(w_smem) + (T::kSplitM ? 0 : wg * L::kWarpN * kRowBytes);
   pdl_wait();  // the epilogue overwrites what earlier kernels may still read
-  // Releases a stage to the producer (in pairs: to both CTAs' producers, once a warp).
+  // Releases a stage to the producer (in pairs: to both CTAs' producers), once a warp.
   auto release = [&](int st) {
-    if constexpr (kPair) {
-      __syncwarp();
-      if (lane == 0) {
-        mbar_arrive(&empty[st]);
-        sm90::mbar_arrive_cluster(&empty[st], rank ^ 1);
-      }
-    } else {
+    __syncwarp();
+    if (lane == 0) {
       mbar_arrive(&empty[st]);
+      if constexpr (kPair) sm90::mbar_arrive_cluster(&empty[st], rank ^ 1);
+    }
+  };
+  // Serial promotion on warpgroups that split a tile's rows: they take turns
+  // issuing each K block's products, warpgroup w after w - 1 (named barrier
+  // 2 + w), so the others promote while one's products run. A warpgroup with
+  // no rows in a unit still takes its turns. (Column-split 64 x 256 tiles
+  // measured slower with turns.)
+  constexpr bool kOrderedIssue = serial_fp8_promotion<T>() && T::kSplitM;
+  int turns = 0;
+  auto take_turn = [&] {
+    if constexpr (kOrderedIssue)
+      if (wg != 0 || turns > 0) sm90::named_barrier_sync(2 + wg, 256);
+  };
+  auto pass_turn = [&] {
+    if constexpr (kOrderedIssue) {
+      sm90::named_barrier_arrive(2 + (wg + 1) % T::kConsumers, 256);
+      ++turns;
     }
   };
   int stage = 0;
@@ -524,6 +556,8 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
       // No rows of this warpgroup in the unit: it only passes the stages on.
       for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
         mbar_wait(&full[stage], phase);
+        take_turn();
+        pass_turn();
         release(stage);
         if (++stage == kStages) {
           stage = 0;
@@ -571,10 +605,11 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
       // acc += partial * a_scale(row) * w_scale(piece), in f32.
       const int group = u.group;
       const int scale_ld = args.k / 128;
-      const float* w_scale_piece[2];
+      constexpr int kPieces = L::kWarpN / kPieceRows;  // this warpgroup's 64-row weight pieces
+      const float* w_scale_piece[kPieces];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int piece = (T::kSplitM ? 0 : 2 * wg) + h;  // this warpgroup's 64-row weight pieces
+      for (int h = 0; h < kPieces; ++h) {
+        const int piece = (T::kSplitM ? 0 : kPieces * wg) + h;
         const int row_block = min(piece_row<T, kEpi>(args, nb, piece) / 128, args.w_scale_rows - 1);
         w_scale_piece[h] = args.w_scale + (int64_t(group) * args.w_scale_rows + row_block) * scale_ld;
       }
@@ -584,20 +619,24 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
         const uint64_t da = wgmma_desc(a_base + st * L::kABytes);
         const uint64_t dw = wgmma_desc(w_base + st * L::kWBytes);
 #pragma unroll
-        for (int kk = 0; kk < T::kBlockK / 32; ++kk)
-          sm90::wgmma_m64n128k32_e4m3(part, da + 2 * kk, dw + 2 * kk, kk > 0 ? 1 : 0);
+        for (int kk = 0; kk < T::kBlockK / 32; ++kk) {
+          if constexpr (L::kWarpN == 192)
+            sm90::wgmma_m64n192k32_e4m3(part, da + 2 * kk, dw + 2 * kk, kk > 0 ? 1 : 0);
+          else
+            sm90::wgmma_m64n128k32_e4m3(part, da + 2 * kk, dw + 2 * kk, kk > 0 ? 1 : 0);
+        }
         sm90::wgmma_commit();
       };
       // After the products of `part` are done: read the stage's activation
       // scales, release the stage, add the scaled partial.
-      auto promote = [&](float (&part)[L::kAccum], int st, const float (&sw)[2]) {
+      auto promote = [&](float (&part)[L::kAccum], int st, const float (&sw)[kPieces]) {
         fence_registers(part);
         const float* sa = scale_smem + st * T::kBlockM;
         const float sa0 = sa[r0], sa1 = sa[r0 + 8];
         release(st);
 #pragma unroll
         for (int j = 0; j < L::kAccum / 4; ++j) {
-          const float w = j < L::kAccum / 8 ? sw[0] : sw[1];
+          const float w = sw[j / 8];  // 8-column group j lies in piece j / 8
           const float s0 = sa0 * w, s1 = sa1 * w;
           acc[4 * j + 0] += part[4 * j + 0] * s0;
           acc[4 * j + 1] += part[4 * j + 1] * s0;
@@ -605,15 +644,18 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
           acc[4 * j + 3] += part[4 * j + 3] * s1;
         }
       };
-      // Waits for the next stage and starts its products into `part`; the
-      // weight scales of its K block are loaded first (used after the products).
-      auto start_block = [&](float (&part)[L::kAccum], int kb, float (&sw)[2]) {
-        sw[0] = __ldg(w_scale_piece[0] + kb);
-        sw[1] = __ldg(w_scale_piece[1] + kb);
+      // Waits for the next stage (and this warpgroup's turn) and starts its
+      // products into `part`; the weight scales of its K block are loaded
+      // first (used after the products).
+      auto start_block = [&](float (&part)[L::kAccum], int kb, float (&sw)[kPieces]) {
+#pragma unroll
+        for (int h = 0; h < kPieces; ++h) sw[h] = __ldg(w_scale_piece[h] + kb);
         mbar_wait(&full[stage], phase);
         if constexpr (kProducerWrites) sm90::fence_proxy_async_smem();
         const int st = stage;
+        take_turn();
         issue(part, st);
+        pass_turn();
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1;
@@ -625,7 +667,7 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
         // the serial variant otherwise). Each promotion runs while the other
         // partial set is on the tensor cores, and no products are in flight
         // across the loop's back edge (ptxas serializes every wgmma otherwise).
-        float part_a[L::kAccum], part_b[L::kAccum], sw_a[2], sw_b[2];
+        float part_a[L::kAccum], part_b[L::kAccum], sw_a[kPieces], sw_b[kPieces];
         int st_a = start_block(part_a, u.kb_begin, sw_a);
         int st_b = start_block(part_b, u.kb_begin + 1, sw_b);
         sm90::wgmma_wait<1>();
@@ -641,7 +683,7 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
         }
         promote(part_b, st_b, sw_b);
       } else {
-        float part[L::kAccum], sw[2];
+        float part[L::kAccum], sw[kPieces];
         for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
           const int st = start_block(part, kb, sw);
           sm90::wgmma_wait<0>();
@@ -761,6 +803,8 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
       }
     }
   }
+  // The last warpgroup's last turn signal has no turn of warpgroup 0 after it: take it here.
+  if (kOrderedIssue && wg == 0 && turns > 0) sm90::named_barrier_sync(2, 256);
 #else
   __trap();  // built for sm_90a only; the host never launches it elsewhere
 #endif
@@ -1303,7 +1347,7 @@ void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
 
 // How a dense fp8 GEMM runs: tile rows, K splits, promotion.
 struct DenseFp8Plan {
-  int block_m = 128, k_splits = 1;
+  int block_m = 128, block_n = 128, k_splits = 1;
   bool overlap = false;
   size_t workspace_bytes = 0;
 };
@@ -1336,7 +1380,11 @@ DenseFp8Plan plan_dense_fp8(const Sm90Fp8GemmParams& p) {
   plan.block_m = p.variant.fp8_block_m ? p.variant.fp8_block_m : (p.m <= 64 ? 64 : 128);
   MLA_CUDA_REQUIRE(plan.block_m == 64 || plan.block_m == 128 || plan.block_m == 192,
                    "fp8_gemm_sm90: fp8_block_m must be 64, 128 or 192");
-  const int block_n = plan.block_m == 64 ? 256 : 128, k_blocks = p.k / kFp8Group;
+  MLA_CUDA_REQUIRE(p.variant.fp8_block_n == 0 || p.variant.fp8_block_n == 128 ||
+                       (p.variant.fp8_block_n == 192 && plan.block_m == 128),
+                   "fp8_gemm_sm90: fp8_block_n must be 128, or 192 with 128-row tiles");
+  plan.block_n = plan.block_m == 64 ? 256 : p.variant.fp8_block_n == 192 ? 192 : 128;
+  const int block_n = plan.block_n, k_blocks = p.k / kFp8Group;
   const int64_t tiles = int64_t((p.m + plan.block_m - 1) / plan.block_m) * ((p.n + block_n - 1) / block_n);
   if (p.variant.fp8_k_splits > 0) {
     plan.k_splits = std::min(p.variant.fp8_k_splits, k_blocks);
@@ -1352,7 +1400,7 @@ DenseFp8Plan plan_dense_fp8(const Sm90Fp8GemmParams& p) {
       }
     }
   }
-  plan.overlap = plan.k_splits == 1 && plan.block_m != 192 && fp8_overlapped(p.variant, p.k);
+  plan.overlap = plan.k_splits == 1 && plan.block_m != 192 && plan.block_n != 192 && fp8_overlapped(p.variant, p.k);
   if (plan.k_splits > 1) plan.workspace_bytes = size_t(plan.k_splits) * p.m * p.n * sizeof(float);
   return plan;
 }
@@ -1381,7 +1429,17 @@ void launch_dense_fp8(const Sm90Fp8GemmParams& p, const DenseFp8Plan& plan, Gemm
   const CUtensorMap map_a = fp8_tile_map(p.a, p.m, p.k, plan.block_m, "a");
   const CUtensorMap map_scale = scale_map(p.a_scale, p.a_scale_ld, p.k / kFp8Group, plan.block_m);
   // Pairs only where a phantom tile (odd m_blocks) wastes little.
-  if (plan.block_m == 128 && plan.k_splits == 1 && m_blocks >= 4 && pairs_row_tiles(p.variant, false)) {
+  const bool pairs = plan.k_splits == 1 && m_blocks >= 4 && pairs_row_tiles(p.variant, false);
+  if (plan.block_n == 192) {
+    if (pairs)
+      launch_gemm<Fp8Rows128Wide, Epilogue::kStore, ASource::kTma, 2>(map_a, map_w, map_scale, g, m_blocks, stream,
+                                                                      "sm90 fp8 gemm (128 x 192, pairs)");
+    else
+      launch_gemm<Fp8Rows128Wide, Epilogue::kStore>(map_a, map_w, map_scale, g, m_blocks, stream,
+                                                    "sm90 fp8 gemm (128 x 192)");
+    return;
+  }
+  if (plan.block_m == 128 && pairs) {
     if (plan.overlap)
       launch_gemm<Fp8Rows128<true>, Epilogue::kStore, ASource::kTma, 2>(map_a, map_w, map_scale, g, m_blocks, stream,
                                                                         "sm90 fp8 gemm (pairs)");

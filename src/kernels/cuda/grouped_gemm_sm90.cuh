@@ -114,6 +114,11 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Arrives at named barrier id without waiting (the other side bar.syncs).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Every thread of every CTA of the cluster, with release / acquire ordering
 // (barrier initializations made visible before any CTA signals another's).
 __device__ __forceinline__ void cluster_sync() {
@@ -306,6 +311,26 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t a
       "}, %64, %65, p, 1, 1;\n"
       "}\n"
       : MLA_WGMMA_ACC64(d, 0)
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// The same with 192 columns (96 accumulators a thread, in the same per-8-column layout).
+__device__ __forceinline__ void wgmma_m64n192k32_e4m3(float (&d)[96], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %98, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+      "}, %96, %97, p, 1, 1;\n"
+      "}\n"
+      : MLA_WGMMA_ACC64(d, 0), MLA_WGMMA_ACC8(d, 64), MLA_WGMMA_ACC8(d, 72), MLA_WGMMA_ACC8(d, 80),
+        MLA_WGMMA_ACC8(d, 88)
       : "l"(a), "l"(b), "r"(accumulate));
 }
 

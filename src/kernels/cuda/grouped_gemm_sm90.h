@@ -8,12 +8,15 @@
 //   bf16: 128 x 256 tiles (each consumer warpgroup 64 x 256) or 64 x 256
 //         (each 64 x 128), K blocks of 64.
 //   fp8:  64 x 256 tiles (MoE; each consumer warpgroup 64 x 128), 128 x 128
-//         (dense; each 64 x 128) or 192 x 128 (three consumer warpgroups;
-//         MoE: runs of an expert's blocks), K blocks of 128; e4m3 x e4m3 wgmma
+//         (dense; each 64 x 128), 128 x 192 (dense; each 64 x 192) or
+//         192 x 128 (three consumer warpgroups; MoE: runs of an expert's
+//         blocks), K blocks of 128; e4m3 x e4m3 wgmma
 //         accumulates one 128-wide K block, then the f32 totals add it times
 //         (activation scale of the row) x (weight scale of the 128 x 128
 //         block), DeepSeek's 1x128 / 128x128 scheme; that promotion runs
-//         while the next K block is on the tensor cores.
+//         while the next K block is on the tensor cores (128 x 128 and
+//         64 x 256), or, where registers allow one partial set only, while
+//         the other warpgroups' products are (they take turns issuing).
 //
 // MoE entry points: align the slots by expert (each expert's run padded to
 // the tile's row count), gate_up with the x rows gathered by the producer
@@ -66,6 +69,8 @@ struct Sm90GemmVariant {
   // three of an expert's 64-row blocks on three consumer warpgroups (192 x 128 tiles), so each of
   // the expert's weight tiles is read once for all its rows; 0: 192 (measured faster).
   int fp8_moe_block_m = 0;
+  // dense fp8 on 128-row tiles: 128 (128 x 128 tiles) or 192 (128 x 192, serial promotion); 0: 128
+  int fp8_block_n = 0;
 };
 
 // MoE experts of one layer. Slots: each token has top_k + num_shared slots;
