@@ -102,7 +102,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
   }
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      sm90::mbar_init(&full[s], kProducerThreads);
+      // FP8: each producer thread's stores and (noinc) its k_pe copies.
+      sm90::mbar_init(&full[s], kFp8 ? 2 * kProducerThreads : kProducerThreads);
       sm90::mbar_init(&empty[s], kConsumerThreads / 32);
     }
   }
@@ -114,9 +115,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
     const __nv_bfloat16* q = p.q + (int64_t(t) * H + h0) * kD;
     for (int c = tid; c < kMlaWideHeads * kChunksPerRow; c += kProducerThreads)
       cp_async_16(q_s + swizzled(c / kChunksPerRow, c % kChunksPerRow), q + c * 8);
-    // Thread pairs share a kv row: `half` takes every other bf16 chunk, or
-    // (FP8) one half of the slot's c_kv bytes, its two scales and k_pe.
-    const int row = tid / kLoadersPerRow, half = tid % kLoadersPerRow;
+    // bf16: thread pairs share a kv row, `half` taking every other chunk.
+    // FP8: warp w widens rows [16w, 16w + 16); lane l % 16 holds the slot
+    // of row 16w + l % 16.
+    const int lane = tid % 32, warp = tid / 32;
+    const int row = kFp8 ? warp * 16 + lane % 16 : tid / kLoadersPerRow, half = tid % kLoadersPerRow;
     const int32_t* slots = p.kv_slots + range.kv_begin;
     auto slot_of = [&](int tile) -> int64_t {
       const int j = begin + tile * kRows + row;
@@ -127,46 +130,63 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
     int64_t slot_even = slot_of(0), slot_odd = slot_of(1);
     if constexpr (kFp8) {
       cp_async_wait<0>();  // Q lands before tile 0's (plain) arrivals
-      // Two passes a tile of one scale group of c_kv (128 bytes) and 32
-      // k_pe bytes; the first pass's loads fly while the consumers still use
-      // the stage.
+      // A warp reads one row's 512 c_kv bytes an instruction (lane l: 16
+      // bytes of scale group l / 8), so each load touches four whole lines
+      // (a lane per row reading 128 bytes of its own row in eight loads
+      // touched 32 lines an instruction: L1-bound). Two passes of 8 rows a
+      // tile, the first pass's loads flying while the consumers still use
+      // the stage; lane l loads the scale of row l / 4, group l % 4 of the
+      // pass; k_pe goes to shared memory by cp.async (bf16 already).
+      const int group = lane / 8, chunk = lane % 8;
       auto produce = [&](int it, int64_t& slot) {
         const int stage = it % kStages;
         uint8_t* dst = kv_s + stage * kTileBytes;
-        const int64_t this_slot = slot;
-        const uint8_t* src = p.fp8_cache + (this_slot >= 0 ? this_slot : 0) * kSlotBytes;
+        const int this_slot = int(slot);  // slots fit 32 bits (kv_slots is int32)
         slot = slot_of(it + 2);
+        auto row_src = [&](int r) {  // slot bytes of the warp's row r (null: past the split)
+          const int sl = __shfl_sync(0xffffffffu, this_slot, r);
+          return sl >= 0 ? p.fp8_cache + int64_t(sl) * kSlotBytes : nullptr;
+        };
 #pragma unroll
         for (int pass = 0; pass < 2; ++pass) {
-          const int group = 2 * half + pass;
-          uint4 raw[8], rope[2];
-          float scale = 0.0f;
-          if (this_slot >= 0) {
+          uint4 raw[8];
 #pragma unroll
-            for (int k = 0; k < 8; ++k) raw[k] = __ldg(reinterpret_cast<const uint4*>(src + group * 128) + k);
-#pragma unroll
-            for (int k = 0; k < 2; ++k)
-              rope[k] = __ldg(reinterpret_cast<const uint4*>(src + kFp8Layout.rope_offset()) + 2 * group + k);
-            scale = __ldg(reinterpret_cast<const float*>(src + kFp8Layout.scale_offset()) + group);
-          } else {  // rows past the split are zeros (P is 0 there, and 0 x garbage could be NaN)
-#pragma unroll
-            for (int k = 0; k < 8; ++k) raw[k] = make_uint4(0, 0, 0, 0);
-            rope[0] = rope[1] = make_uint4(0, 0, 0, 0);
+          for (int i = 0; i < 8; ++i) {
+            const uint8_t* src = row_src(8 * pass + i);
+            raw[i] = src ? __ldg(reinterpret_cast<const uint4*>(src) + lane) : make_uint4(0, 0, 0, 0);
           }
-          if (pass == 0) sm90::mbar_wait(&empty[stage], ((it / kStages) & 1) ^ 1);
+          const uint8_t* scale_src = row_src(8 * pass + lane / 4);
+          const float scale =
+              scale_src ? __ldg(reinterpret_cast<const float*>(scale_src + kFp8Layout.scale_offset()) + lane % 4)
+                        : 0.0f;
+          if (pass == 0) {
+            sm90::mbar_wait(&empty[stage], ((it / kStages) & 1) ^ 1);
 #pragma unroll
-          for (int k = 0; k < 8; ++k) {
+            for (int i = 0; i < 4; ++i) {
+              const int r = lane / 8 + 4 * i;
+              const uint8_t* src = row_src(r);
+              cp_async_16(dst + swizzled(warp * 16 + r, kL / 8 + chunk),
+                          (src ? src : p.fp8_cache) + kFp8Layout.rope_offset() + 16 * chunk, src ? 16 : 0);
+            }
+            sm90::cp_async_arrive_noinc(&full[stage]);
+          }
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
+          for (int i = 0; i < 8; ++i) {
+            const int r = warp * 16 + 8 * pass + i;
+            const float row_scale = __shfl_sync(0xffffffffu, scale, 4 * i + group);
+            // Lanes 0-3 of a group store their even bf16 chunks first, lanes
+            // 4-7 their odd ones: the 32 stores cover all eight 16-byte
+            // columns of the swizzled row (four lanes each).
+#pragma unroll
+            for (int n = 0; n < 2; ++n) {
+              const int e = n ^ (chunk / 4);
               float v[8];
-              widen_e4m3x8(e ? make_uint2(raw[k].z, raw[k].w) : make_uint2(raw[k].x, raw[k].y), scale, v);
-              *reinterpret_cast<uint4*>(dst + swizzled(row, group * 16 + 2 * k + e)) =
+              widen_e4m3x8(e ? make_uint2(raw[i].z, raw[i].w) : make_uint2(raw[i].x, raw[i].y), row_scale, v);
+              *reinterpret_cast<uint4*>(dst + swizzled(r, group * 16 + 2 * chunk + e)) =
                   make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]), pack_bf16x2(v[4], v[5]),
                              pack_bf16x2(v[6], v[7]));
             }
           }
-#pragma unroll
-          for (int k = 0; k < 2; ++k) *reinterpret_cast<uint4*>(dst + swizzled(row, kL / 8 + 2 * group + k)) = rope[k];
         }
         sm90::fence_proxy_async_smem();  // wgmma reads what these stores wrote
         sm90::mbar_arrive(&full[stage]);
