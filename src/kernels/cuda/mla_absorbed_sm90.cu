@@ -60,8 +60,10 @@ __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
 // without the MMAs 354, without both 117: the copies (1.2 GB from L2, each
 // tile once per 64-head block) now bound it, the consumers' serial scores /
 // softmax / products close behind. Nsight Compute: L2 throughput 93%, DRAM
-// 53%. FP8 562-569 us (was 615-620; L1/TEX 76%: the producer's loads and
-// stores). Measured and dropped (session 18, tests passing): each producer
+// 53%. FP8 502-509 us (session 19; 562-569 while each producer thread read
+// its own row, L1/TEX 76%; 615-620 before the producer warpgroup); loading
+// a tile's second pass while the first is widened (120 / 192 registers):
+// no change. Measured and dropped (session 18, tests passing): each producer
 // warp copying whole rows with its lanes on consecutive chunks (455 us); the
 // token's two head blocks in a cluster sharing each tile, either by TMA
 // (one 64 x 1 box a row and column block, multicast: 1062 us, the boxes are
