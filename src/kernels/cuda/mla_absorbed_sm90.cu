@@ -145,30 +145,30 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
         uint8_t* dst = kv_s + stage * kTileBytes;
         const int this_slot = int(slot);  // slots fit 32 bits (kv_slots is int32)
         slot = slot_of(it + 2);
-        auto row_src = [&](int r) {  // slot bytes of the warp's row r (null: past the split)
-          const int sl = __shfl_sync(0xffffffffu, this_slot, r);
-          return sl >= 0 ? p.fp8_cache + int64_t(sl) * kSlotBytes : nullptr;
-        };
+        const uint8_t* cache = p.fp8_cache;
+        // Slot of the warp's row r (-1: past the split) and its bytes (slot 0's for those rows).
+        auto row_slot = [&](int r) { return __shfl_sync(0xffffffffu, this_slot, r); };
+        auto slot_bytes = [&](int sl) { return cache + int64_t(sl >= 0 ? sl : 0) * kSlotBytes; };
 #pragma unroll
         for (int pass = 0; pass < 2; ++pass) {
           uint4 raw[8];
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
-            const uint8_t* src = row_src(8 * pass + i);
-            raw[i] = src ? __ldg(reinterpret_cast<const uint4*>(src) + lane) : make_uint4(0, 0, 0, 0);
+            const int sl = row_slot(8 * pass + i);
+            raw[i] = sl >= 0 ? __ldg(reinterpret_cast<const uint4*>(slot_bytes(sl)) + lane) : make_uint4(0, 0, 0, 0);
           }
-          const uint8_t* scale_src = row_src(8 * pass + lane / 4);
+          const int scale_slot = row_slot(8 * pass + lane / 4);
           const float scale =
-              scale_src ? __ldg(reinterpret_cast<const float*>(scale_src + kFp8Layout.scale_offset()) + lane % 4)
-                        : 0.0f;
+              scale_slot >= 0
+                  ? __ldg(reinterpret_cast<const float*>(slot_bytes(scale_slot) + kFp8Layout.scale_offset()) + lane % 4)
+                  : 0.0f;
           if (pass == 0) {
             sm90::mbar_wait(&empty[stage], ((it / kStages) & 1) ^ 1);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-              const int r = lane / 8 + 4 * i;
-              const uint8_t* src = row_src(r);
+              const int r = lane / 8 + 4 * i, sl = row_slot(r);
               cp_async_16(dst + swizzled(warp * 16 + r, kL / 8 + chunk),
-                          (src ? src : p.fp8_cache) + kFp8Layout.rope_offset() + 16 * chunk, src ? 16 : 0);
+                          slot_bytes(sl) + kFp8Layout.rope_offset() + 16 * chunk, sl >= 0 ? 16 : 0);
             }
             sm90::cp_async_arrive_noinc(&full[stage]);
           }
