@@ -60,10 +60,11 @@ __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
 // without the MMAs 354, without both 117: the copies (1.2 GB from L2, each
 // tile once per 64-head block) now bound it, the consumers' serial scores /
 // softmax / products close behind. Nsight Compute: L2 throughput 93%, DRAM
-// 53%. FP8 502-509 us (session 19; 562-569 while each producer thread read
-// its own row, L1/TEX 76%; 615-620 before the producer warpgroup); loading
-// a tile's second pass while the first is widened (120 / 192 registers):
-// no change. Measured and dropped (session 18, tests passing): each producer
+// 53%. FP8 464 us (session 19: a warp reading one row an instruction, 502-509,
+// then the next tile's slots prefetched into L2, 464; 562-569 while each
+// producer thread read its own row, L1/TEX 76%; 615-620 before the producer
+// warpgroup); loading a tile's second pass while the first is widened (120 /
+// 192 registers): no change. Measured and dropped (session 18, tests passing): each producer
 // warp copying whole rows with its lanes on consecutive chunks (455 us); the
 // token's two head blocks in a cluster sharing each tile, either by TMA
 // (one 64 x 1 box a row and column block, multicast: 1062 us, the boxes are
@@ -140,12 +141,21 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
       // the stage; lane l loads the scale of row l / 4, group l % 4 of the
       // pass; k_pe goes to shared memory by cp.async (bf16 already).
       const int group = lane / 8, chunk = lane % 8;
-      auto produce = [&](int it, int64_t& slot) {
+      auto produce = [&](int it, int64_t& slot, int64_t next_slot) {
         const int stage = it % kStages;
         uint8_t* dst = kv_s + stage * kTileBytes;
         const int this_slot = int(slot);  // slots fit 32 bits (kv_slots is int32)
         slot = slot_of(it + 2);
         const uint8_t* cache = p.fp8_cache;
+        {
+          // The next tile's slots into L2 now, so its loads wait on L2, not DRAM.
+          const int sl = __shfl_sync(0xffffffffu, int(next_slot), lane / 2);
+          if (sl >= 0) {
+            const uint8_t* bytes = cache + int64_t(sl) * kSlotBytes + (lane % 2) * 384;
+#pragma unroll
+            for (int k = 0; k < 3; ++k) asm volatile("prefetch.global.L2 [%0];" ::"l"(bytes + 128 * k));
+          }
+        }
         // Slot of the warp's row r (-1: past the split) and its bytes (slot 0's for those rows).
         auto row_slot = [&](int r) { return __shfl_sync(0xffffffffu, this_slot, r); };
         auto slot_bytes = [&](int sl) { return cache + int64_t(sl >= 0 ? sl : 0) * kSlotBytes; };
@@ -195,7 +205,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
       };
       // One call site (the bf16 loop's two unrolled ones spill here).
 #pragma unroll 1
-      for (int it = 0; it < num_tiles; ++it) produce(it, it % 2 ? slot_odd : slot_even);
+      for (int it = 0; it < num_tiles; ++it)
+        produce(it, it % 2 ? slot_odd : slot_even, it % 2 ? slot_even : slot_odd);
     } else {
       auto produce = [&](int it, int64_t& slot) {
         const int stage = it % kStages;
