@@ -27,8 +27,11 @@ constexpr int kChunksPerRow = kD / 8;                   // 16-byte bf16 chunks o
 constexpr int kLoadersPerRow = kProducerThreads / kRows;  // producer threads sharing a kv row
 constexpr Fp8KvLayout kFp8Layout{kL, kR};
 constexpr int kSlotBytes = int(kFp8Layout.slot_bytes());
-static_assert(kLoadersPerRow == 2 && kFp8Layout.num_groups() == 4 && kFp8Layout.rope_offset() % 16 == 0,
-              "the FP8 producer's row halves: two scale groups and 64 k_pe bytes each");
+static_assert(kLoadersPerRow == 2, "the bf16 producer: two threads a kv row");
+static_assert(32 * 16 == kL && kFp8Layout.num_groups() == 4 && 2 * kR == 8 * 16 &&
+                  kFp8Layout.rope_offset() % 16 == 0 && kProducerThreads / 32 * 16 == kRows,
+              "the FP8 producer: a warp's 32 x 16 bytes are one row's c_kv (eight lanes a scale group), "
+              "eight lanes cover its k_pe, and each of the four warps widens 16 rows");
 // Row maxima of the two consumer warpgroups, by tile parity, then the row sums.
 constexpr int kExchangeFloats = 3 * 2 * 64;
 // Q tile, the kv ring, the P tile (one column block), the exchange, the
