@@ -519,14 +519,18 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
 
   sm90::setmaxnreg_inc<kConsumerRegs>();
   const int wg = warpgroup - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const uint32_t a_base = smem_u32(a_smem) + (T::kSplitM ? wg * 64 * kRowBytes : 0);
-  const uint32_t w_base = smem_u32(w_smem) + (T::kSplitM ? 0 : wg * L::kWarpN * kRowBytes);
+  // The loop's shared addresses as 32-bit shared-window offsets, and the
+  // wgmma descriptors' low words (sm90::kWgmmaDescHi is the high one): stage
+  // st's tiles are kABytes / kWBytes further on, 16 bytes a unit.
+  const uint32_t a_desc = sm90::wgmma_desc_lo(smem_u32(a_smem) + (T::kSplitM ? wg * 64 * kRowBytes : 0));
+  const uint32_t w_desc = sm90::wgmma_desc_lo(smem_u32(w_smem) + (T::kSplitM ? 0 : wg * L::kWarpN * kRowBytes));
+  const uint32_t full_s = smem_u32(full), empty_s = smem_u32(empty), scale_s = smem_u32(scale_smem);
   pdl_wait();  // the epilogue overwrites what earlier kernels may still read
   // Releases a stage to the producer (in pairs: to both CTAs' producers), once a warp.
   auto release = [&](int st) {
     __syncwarp();
     if (lane == 0) {
-      mbar_arrive(&empty[st]);
+      mbar_arrive(empty_s + 8 * st);
       if constexpr (kPair) sm90::mbar_arrive_cluster(&empty[st], rank ^ 1);
     }
   };
@@ -556,7 +560,7 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
     if (T::kSplitM && wg >= u.consumers) {
       // No rows of this warpgroup in the unit: it only passes the stages on.
       for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
-        mbar_wait(&full[stage], phase);
+        mbar_wait(full_s + 8 * stage, phase);
         take_turn();
         pass_turn();
         release(stage);
@@ -577,17 +581,17 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
       int prev_stage = 0;
       fence_registers(acc);
       for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
-        mbar_wait(&full[stage], phase);
+        mbar_wait(full_s + 8 * stage, phase);
         if constexpr (kProducerWrites) sm90::fence_proxy_async_smem();
         sm90::wgmma_fence();
-        const uint64_t da = wgmma_desc(a_base + stage * L::kABytes);
-        const uint64_t dw = wgmma_desc(w_base + stage * L::kWBytes);
+        const uint32_t da = a_desc + stage * (L::kABytes >> 4), dw = w_desc + stage * (L::kWBytes >> 4);
 #pragma unroll
         for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
+          const uint64_t a = sm90::wgmma_desc_of(da + 2 * kk), w = sm90::wgmma_desc_of(dw + 2 * kk);
           if constexpr (L::kWarpN == 256)
-            sm90::wgmma_m64n256k16_bf16(acc, da + 2 * kk, dw + 2 * kk, 1);
+            sm90::wgmma_m64n256k16_bf16(acc, a, w, 1);
           else
-            sm90::wgmma_m64n128k16_bf16(acc, da + 2 * kk, dw + 2 * kk, 1);
+            sm90::wgmma_m64n128k16_bf16(acc, a, w, 1);
         }
         sm90::wgmma_commit();
         sm90::wgmma_wait<1>();
@@ -617,14 +621,14 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
       const int r0 = (T::kSplitM ? wg * 64 : 0) + warp * 16 + lane / 4;  // row within the A tile
       auto issue = [&](float (&part)[L::kAccum], int st) {
         sm90::wgmma_fence();
-        const uint64_t da = wgmma_desc(a_base + st * L::kABytes);
-        const uint64_t dw = wgmma_desc(w_base + st * L::kWBytes);
+        const uint32_t da = a_desc + st * (L::kABytes >> 4), dw = w_desc + st * (L::kWBytes >> 4);
 #pragma unroll
         for (int kk = 0; kk < T::kBlockK / 32; ++kk) {
+          const uint64_t a = sm90::wgmma_desc_of(da + 2 * kk), w = sm90::wgmma_desc_of(dw + 2 * kk);
           if constexpr (L::kWarpN == 192)
-            sm90::wgmma_m64n192k32_e4m3(part, da + 2 * kk, dw + 2 * kk, kk > 0 ? 1 : 0);
+            sm90::wgmma_m64n192k32_e4m3(part, a, w, kk > 0 ? 1 : 0);
           else
-            sm90::wgmma_m64n128k32_e4m3(part, da + 2 * kk, dw + 2 * kk, kk > 0 ? 1 : 0);
+            sm90::wgmma_m64n128k32_e4m3(part, a, w, kk > 0 ? 1 : 0);
         }
         sm90::wgmma_commit();
       };
@@ -632,8 +636,8 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
       // scales, release the stage, add the scaled partial.
       auto promote = [&](float (&part)[L::kAccum], int st, const float (&sw)[kPieces]) {
         fence_registers(part);
-        const float* sa = scale_smem + st * T::kBlockM;
-        const float sa0 = sa[r0], sa1 = sa[r0 + 8];
+        const uint32_t sa = scale_s + 4 * (st * T::kBlockM + r0);
+        const float sa0 = sm90::ld_shared_f32(sa), sa1 = sm90::ld_shared_f32(sa + 32);
         release(st);
 #pragma unroll
         for (int j = 0; j < L::kAccum / 4; ++j) {
@@ -651,7 +655,7 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
       auto start_block = [&](float (&part)[L::kAccum], int kb, float (&sw)[kPieces]) {
 #pragma unroll
         for (int h = 0; h < kPieces; ++h) sw[h] = __ldg(w_scale_piece[h] + kb);
-        mbar_wait(&full[stage], phase);
+        mbar_wait(full_s + 8 * stage, phase);
         if constexpr (kProducerWrites) sm90::fence_proxy_async_smem();
         const int st = stage;
         take_turn();

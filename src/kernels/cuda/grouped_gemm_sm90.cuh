@@ -36,13 +36,22 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
                : "memory");
 }
 
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+__device__ __forceinline__ void mbar_arrive(uint32_t addr) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(addr) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) { mbar_arrive(smem_u32(bar)); }
+
+// A float at a shared-window address (a generic load of a pointer whose
+// address space the compiler lost costs 64-bit arithmetic and LD.E).
+__device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+  return v;
 }
 
-// Waits until the phase with the given parity has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  const uint32_t addr = smem_u32(bar);
+// Waits until the phase with the given parity has completed (the barrier by
+// its shared-window address, which a hot loop keeps in a register).
+__device__ __forceinline__ void mbar_wait(uint32_t addr, uint32_t parity) {
   uint32_t done = 0;
   do {
     asm volatile(
@@ -56,6 +65,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
         : "memory");
   } while (!done);
 }
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) { mbar_wait(smem_u32(bar), parity); }
 
 // 2D tile load: box at (inner coordinate c0, outer coordinate c1) into dst,
 // completing `bar`'s transaction count.
@@ -154,13 +164,12 @@ __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
 // atoms): leading offset unused for swizzled K-major, stride 1024 bytes
 // between 8-row atoms, layout type 1 = 128B swizzle. Stepping 32 bytes along
 // K inside the 128-byte row adds 2 to the low word.
-__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr) {
-  uint64_t d = (addr & 0x3FFFFu) >> 4;
-  d |= uint64_t(1) << 16;
-  d |= uint64_t(1024 >> 4) << 32;
-  d |= uint64_t(1) << 62;
-  return d;
-}
+// The high word is the same for every such tile, so a loop may step only the
+// low word (32-bit adds; ptxas then needs no register for the constant half).
+constexpr uint32_t kWgmmaDescHi = (1024 >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t wgmma_desc_lo(uint32_t addr) { return ((addr & 0x3FFFFu) >> 4) | (1u << 16); }
+__device__ __forceinline__ uint64_t wgmma_desc_of(uint32_t lo) { return (uint64_t(kWgmmaDescHi) << 32) | lo; }
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr) { return wgmma_desc_of(wgmma_desc_lo(addr)); }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
