@@ -39,16 +39,3 @@ if [ -n "${VARIANTS:-}" ]; then
     > "$OUT/ncu_pairs.txt" 2>&1
   grep -E "sm90_gemm_kernel|Duration|Throughput|wavefronts|cycles_active|per_second|bytes|Busy" "$OUT/ncu_pairs.txt" | head -30
 fi
-# SASS=1: per-instruction executions and stall samples of one own variant
-# (BM_Sm90Fp8Gemm's {overlapped, block_m, cluster_m, block_n}, SASS_VARIANT,
-# default 128 x 192 tiles, one CTA a tile) on the same shape, as CSV, to see
-# which instructions of the consumer loop the cycles go to.
-if [ -n "${SASS:-}" ]; then
-  "$ncu" --clock-control none --cache-control none -k "regex:sm90_gemm" --launch-skip 3 --launch-count 1 \
-    --section SourceCounters --section WarpStateStats --import-source no -f -o "$OUT/sass_rep" \
-    "$d/bench_grouped_gemm" --benchmark_filter="BM_Sm90Fp8Gemm/$shape/${SASS_VARIANT:-0/128/1/192}/" --benchmark_min_time=0.01 \
-    > "$OUT/ncu_sass.log" 2>&1
-  "$ncu" --import "$OUT/sass_rep.ncu-rep" --page source --csv --print-source sass > "$OUT/sass.csv" 2> "$OUT/sass.err"
-  echo "sass page: rc=$? $(wc -l < "$OUT/sass.csv") lines"
-  "$ncu" --help | grep -A4 -E "print-source|--page" > "$OUT/ncu_help.txt"
-fi
