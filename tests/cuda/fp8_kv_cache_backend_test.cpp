@@ -148,14 +148,18 @@ ForwardBatch shuffled_batch(const std::vector<int>& kv_lens, const std::vector<i
   return b;
 }
 
+// q_magnitude scales the queries and divides the softmax scale: the same
+// scores from queries far outside f16's range (the 64-head kernel converts Q
+// to f16 row by row, times a power of two).
 void check_absorbed(Backend& gpu, const Fp8KvLayout& l, int heads, const std::vector<int>& kv_lens,
-                    const std::vector<int>& q_lens) {
+                    const std::vector<int>& q_lens, float q_magnitude = 1.0f) {
   const int64_t L = l.kv_lora_rank, R = l.rope_dim;
   std::mt19937 rng(13);
   const int S = std::accumulate(kv_lens.begin(), kv_lens.end(), 0) + 5;
   const ForwardBatch fb = shuffled_batch(kv_lens, q_lens, S, rng);
   const int64_t T = fb.num_tokens();
-  const Rows rows = random_rows({S, L + R}, rng, 1.0f), q = random_rows({T, heads, L + R}, rng, 0.05f);
+  const Rows rows = random_rows({S, L + R}, rng, 1.0f), q = random_rows({T, heads, L + R}, rng, 0.05f * q_magnitude);
+  const float softmax_scale = 0.1f / q_magnitude;
   std::vector<int32_t> all(static_cast<size_t>(S));
   std::iota(all.begin(), all.end(), 0);
   const Tensor dall = to_device(gpu, i32_host(all));
@@ -166,20 +170,20 @@ void check_absorbed(Backend& gpu, const Fp8KvLayout& l, int heads, const std::ve
   const DeviceBatch db = gpu.prepare_batch(fb);
   const Tensor dq = to_device(gpu, q.bf16);
   Tensor out_fp8 = gpu.alloc({T, heads, L}, DType::BF16), out_bf16 = gpu.alloc({T, heads, L}, DType::BF16);
-  gpu.mla_attention_absorbed(dq, fp8, db, 0.1f, out_fp8);
-  gpu.mla_attention_absorbed(dq, dequant, db, 0.1f, out_bf16);
+  gpu.mla_attention_absorbed(dq, fp8, db, softmax_scale, out_fp8);
+  gpu.mla_attention_absorbed(dq, dequant, db, softmax_scale, out_bf16);
   const std::vector<float> got = host_floats(gpu, out_fp8), same = host_floats(gpu, out_bf16);
 
   // The CPU backend over the same fp8 bytes with the same (bf16) q.
   auto cpu = make_cpu_backend();
   Tensor out_cpu = cpu->alloc({T, heads, L}, DType::F32);
-  cpu->mla_attention_absorbed(q.f32, gpu.to_host(fp8), cpu->prepare_batch(fb), 0.1f, out_cpu);
+  cpu->mla_attention_absorbed(q.f32, gpu.to_host(fp8), cpu->prepare_batch(fb), softmax_scale, out_cpu);
   const std::vector<double> ref(out_cpu.data<float>(), out_cpu.data<float>() + out_cpu.numel());
   const std::vector<double> same_d(same.begin(), same.end());
   const double vs_bf16 = rel_l2(got, same_d), vs_cpu = rel_l2(got, ref);
-  std::printf("[fp8-kv absorbed] L %d R %d heads %d tokens %lld: rel L2 vs bf16 cache of the dequantized rows %.2e, "
-              "vs CPU fp8 reference %.2e\n",
-              l.kv_lora_rank, l.rope_dim, heads, (long long)T, vs_bf16, vs_cpu);
+  std::printf("[fp8-kv absorbed] L %d R %d heads %d tokens %lld q x%g: rel L2 vs bf16 cache of the dequantized rows "
+              "%.2e, vs CPU fp8 reference %.2e\n",
+              l.kv_lora_rank, l.rope_dim, heads, (long long)T, q_magnitude, vs_bf16, vs_cpu);
   EXPECT_LT(vs_bf16, 5e-3);
   EXPECT_LT(vs_cpu, 2e-2);
 }
@@ -193,6 +197,13 @@ TEST_P(Fp8KvCacheCuda, AbsorbedDecodeDequantizesInsideTheKernel) {
   // A causal multi-token step over a cached prefix.
   check_absorbed(*gpu_, GetParam(), 16, {90, 40}, {17, 40});
   check_absorbed(*gpu_, GetParam(), 128, {90, 40}, {17, 40});
+}
+
+TEST_P(Fp8KvCacheCuda, AbsorbedDecodeTakesQueriesOutsideF16Range) {
+  // |q| up to ~2e5 (past f16's 65504) and ~5e-9 (under its smallest
+  // subnormal), each with the softmax scale that gives the usual scores.
+  check_absorbed(*gpu_, GetParam(), 128, {5, 300, 700}, {1, 1, 1}, 1e6f);
+  check_absorbed(*gpu_, GetParam(), 128, {5, 300, 700}, {1, 1, 1}, 1e-7f);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, Fp8KvCacheCuda, ::testing::Values(Fp8KvLayout{512, 64}, Fp8KvLayout{32, 16}),

@@ -2,6 +2,7 @@
 // Writing and reading the FP8 latent cache (kernels/fp8_kv_layout.h) inside
 // kernels: the attention kernels dequantize 8 channels of c_kv at a time;
 // the generic forms serve any layout (tiny test models) one value at a time.
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -25,6 +26,24 @@ __device__ __forceinline__ void widen_e4m3x8(uint2 q, float s, float (&v)[8]) {
       v[4 * w + 2 * h + 1] = f.y * s;
     }
   }
+}
+
+// Eight e4m3 values (packed little-endian in q) times s, as four f16 pairs:
+// the widening is exact and the product is rounded once (2^-11 relative, so
+// finer than bf16). For kernels whose tensor-core operands are f16.
+__device__ __forceinline__ uint4 widen_e4m3x8_f16(uint2 q, __half2 s) {
+  uint32_t out[4];
+  const uint32_t words[2] = {q.x, q.y};
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const __half2 v =
+          __hmul2(__half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(words[w] >> (16 * h)), __NV_E4M3)), s);
+      out[2 * w + h] = *reinterpret_cast<const uint32_t*>(&v);
+    }
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
 // c_kv[c .. c+7] of a slot (c a multiple of 8) as f32.

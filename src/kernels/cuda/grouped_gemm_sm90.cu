@@ -589,7 +589,7 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
         for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
           const uint64_t a = sm90::wgmma_desc_of(da + 2 * kk), w = sm90::wgmma_desc_of(dw + 2 * kk);
           if constexpr (L::kWarpN == 256)
-            sm90::wgmma_m64n256k16_bf16(acc, a, w, 1);
+            sm90::wgmma_m64n256k16<sm90::Mma16::kBf16>(acc, a, w, 1);
           else
             sm90::wgmma_m64n128k16_bf16(acc, a, w, 1);
         }

@@ -207,47 +207,63 @@ __device__ __forceinline__ uint64_t wgmma_desc_mn(uint32_t addr, uint32_t n_bloc
   return d;
 }
 
-// d (64 x 256 f32 per warpgroup) = A(64 x 16 bf16) · B(256 x 16 bf16)ᵀ + (accumulate ? d : 0);
-// kTransposeB: B is MN-major (wgmma_desc_mn), i.e. d += A · B with B {16, 256}.
+// The 16-bit operand types of the wgmma shapes that take either.
+enum class Mma16 { kBf16, kF16 };
+
+// d (64 x 256 f32 per warpgroup) = A(64 x 16) · B(256 x 16)ᵀ + (accumulate ? d : 0),
+// A and B both bf16 or both f16 (kType); kTransposeB: B is MN-major
+// (wgmma_desc_mn), i.e. d += A · B with B {16, 256}.
 // Accumulator layout (warp w of the warpgroup, lane l): d[4j + 2h + e] is row
 // 16w + l/4 + 8h, column 8j + 2(l%4) + e.
-template <int kTransposeB = 0>
-__device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t a, uint64_t b, int accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, p, 1, 1, 0, %131;\n"
-      "}\n"
-      : MLA_WGMMA_ACC64(d, 0),
-        MLA_WGMMA_ACC64(d, 64)
-      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransposeB));
+#define MLA_WGMMA_M64N256K16(TYPE)                                                                         \
+  asm volatile(                                                                                            \
+      "{\n"                                                                                                \
+      ".reg .pred p;\n"                                                                                    \
+      "setp.ne.b32 p, %130, 0;\n"                                                                          \
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " {"                                    \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                             \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                   \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                   \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "                   \
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "                   \
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "                   \
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "        \
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"      \
+      "}, %128, %129, p, 1, 1, 0, %131;\n"                                                                 \
+      "}\n"                                                                                                \
+      : MLA_WGMMA_ACC64(d, 0), MLA_WGMMA_ACC64(d, 64)                                                      \
+      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransposeB))
+template <Mma16 kType, int kTransposeB = 0>
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a, uint64_t b, int accumulate) {
+  if constexpr (kType == Mma16::kF16)
+    MLA_WGMMA_M64N256K16("f16");
+  else
+    MLA_WGMMA_M64N256K16("bf16");
 }
+#undef MLA_WGMMA_M64N256K16
 
-// d (64 x 32 f32 per warpgroup) = A(64 x 16 bf16) · B(32 x 16 bf16)ᵀ + (accumulate ? d : 0),
-// same accumulator layout.
-__device__ __forceinline__ void wgmma_m64n32k16_bf16(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-      "}, %16, %17, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(a), "l"(b), "r"(accumulate));
+// d (64 x 32 f32 per warpgroup) = A(64 x 16) · B(32 x 16)ᵀ + (accumulate ? d : 0),
+// both bf16 or both f16, same accumulator layout.
+#define MLA_WGMMA_M64N32K16(TYPE)                                                                            \
+  asm volatile(                                                                                              \
+      "{\n"                                                                                                  \
+      ".reg .pred p;\n"                                                                                      \
+      "setp.ne.b32 p, %18, 0;\n"                                                                             \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " {"                                       \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"                                 \
+      "}, %16, %17, p, 1, 1, 0, 0;\n"                                                                        \
+      "}\n"                                                                                                  \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),      \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
+      : "l"(a), "l"(b), "r"(accumulate))
+template <Mma16 kType>
+__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
+  if constexpr (kType == Mma16::kF16)
+    MLA_WGMMA_M64N32K16("f16");
+  else
+    MLA_WGMMA_M64N32K16("bf16");
 }
+#undef MLA_WGMMA_M64N32K16
 
 // d (64 x 64 f32 per warpgroup) = A(64 x 16 bf16) · B(64 x 16 bf16)ᵀ + (accumulate ? d : 0),
 // same accumulator layout (which is also mma.sync m16n8k16's, n-tile j of warp w).

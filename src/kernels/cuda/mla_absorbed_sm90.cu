@@ -1,5 +1,6 @@
 #include "kernels/cuda/mla_absorbed_sm90.h"
 
+#include <cfloat>
 #include <cmath>
 
 #include "kernels/cuda/cuda_check.h"
@@ -32,12 +33,13 @@ static_assert(32 * 16 == kL && kFp8Layout.num_groups() == 4 && 2 * kR == 8 * 16 
                   kFp8Layout.rope_offset() % 16 == 0 && kProducerThreads / 32 * 16 == kRows,
               "the FP8 producer: a warp's 32 x 16 bytes are one row's c_kv (eight lanes a scale group), "
               "eight lanes cover its k_pe, and each of the four warps widens 16 rows");
-// Row maxima of the two consumer warpgroups, by tile parity, then the row sums.
-constexpr int kExchangeFloats = 3 * 2 * 64;
+// Row maxima of the two consumer warpgroups, by tile parity, then the row
+// sums, then (FP8 cache) each head's Q scale.
+constexpr int kExchangeFloats = 3 * 2 * 64 + 64;
 // Q tile, the kv ring, the P tile (one column block), the exchange, the
-// barriers; 1024-byte alignment slack.
+// barriers (full and empty a stage, Q's); 1024-byte alignment slack.
 constexpr size_t kSmemBytes =
-    1024 + size_t(1 + kStages) * kTileBytes + kBlockBytes + kExchangeFloats * sizeof(float) + 2 * kStages * 8;
+    1024 + size_t(1 + kStages) * kTileBytes + kBlockBytes + kExchangeFloats * sizeof(float) + (2 * kStages + 1) * 8;
 static_assert(kSmemBytes <= 227 * 1024, "fits one Hopper SM");
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled 64-row tile.
@@ -48,9 +50,13 @@ __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
 // One block: 64 heads of one token over one split of its context, in tiles
 // of 64 latent rows. Warpgroup 0 is the producer: it gathers each tile's
 // rows by slot into a two-stage ring (full / empty mbarriers); bf16 rows by
-// cp.async, FP8 slots through registers, widened (value x scale in f32,
-// rounded to bf16: 2^-9 relative, far under e4m3's own rounding) as they are
-// stored, so the consumers never see the raw bytes. Consumer warpgroup w
+// cp.async, FP8 slots through registers, widened as they are stored, so the
+// consumers never see the raw bytes. The FP8 cache's c_kv dims widen to f16
+// (value x scale rounded once: 2^-11 relative, far under e4m3's own
+// rounding; two instructions a pair of values, where bf16 took six), and Q's
+// c_kv dims and P are f16 to meet them; |c_kv| <= sqrt(L) max|kv_norm| after
+// the RMSNorm, far inside f16's range, and each Q row is scaled by a power
+// of two into it (undone on the scores). k_pe and Q's rope dims stay bf16. Consumer warpgroup w
 // scores kv rows [32w, 32w + 32) of a tile against all 64 heads (wgmma
 // m64n32k16, Q and K from shared memory), the two exchange their row maxima,
 // each writes its half of P (bf16) to a shared tile, and then warpgroup w
@@ -89,6 +95,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
   float* x_s = reinterpret_cast<float*>(p_s + kBlockBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(x_s + kExchangeFloats);
   uint64_t* empty = full + kStages;
+  uint64_t* q_full = empty + kStages;  // FP8: Q's bf16 rows have landed (the consumers convert them)
 
   const int tid = threadIdx.x, wg = tid / 128;
   const int split = blockIdx.x, h0 = blockIdx.y * kMlaWideHeads, t = blockIdx.z, H = p.num_heads;
@@ -112,6 +119,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
       sm90::mbar_init(&full[s], kFp8 ? 2 * kProducerThreads : kProducerThreads);
       sm90::mbar_init(&empty[s], kConsumerThreads / 32);
     }
+    sm90::mbar_init(q_full, kProducerThreads);
   }
   __syncthreads();
   const int num_tiles = (end - begin + kRows - 1) / kRows;
@@ -121,38 +129,42 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
     const __nv_bfloat16* q = p.q + (int64_t(t) * H + h0) * kD;
     for (int c = tid; c < kMlaWideHeads * kChunksPerRow; c += kProducerThreads)
       cp_async_16(q_s + swizzled(c / kChunksPerRow, c % kChunksPerRow), q + c * 8);
+    // bf16: the tiles' cp.async arrivals cover Q too. FP8: the consumers
+    // convert Q in place as soon as it lands, while tile 0 is widened.
+    if constexpr (kFp8) sm90::cp_async_arrive_noinc(q_full);
     // bf16: thread pairs share a kv row, `half` taking every other chunk.
     // FP8: warp w widens rows [16w, 16w + 16); lane l % 16 holds the slot
     // of row 16w + l % 16.
     const int lane = tid % 32, warp = tid / 32;
     const int row = kFp8 ? warp * 16 + lane % 16 : tid / kLoadersPerRow, half = tid % kLoadersPerRow;
     const int32_t* slots = p.kv_slots + range.kv_begin;
-    auto slot_of = [&](int tile) -> int64_t {
+    auto slot_of = [&](int tile) -> int {
       const int j = begin + tile * kRows + row;
-      return tile < num_tiles && j < end ? int64_t(slots[j]) : int64_t(-1);
+      return tile < num_tiles && j < end ? slots[j] : -1;
     };
     // Slot indices are read two tiles ahead (into the variable just used),
     // so no tile waits on that load's latency.
-    int64_t slot_even = slot_of(0), slot_odd = slot_of(1);
+    int slot_even = slot_of(0), slot_odd = slot_of(1);
     if constexpr (kFp8) {
-      cp_async_wait<0>();  // Q lands before tile 0's (plain) arrivals
       // A warp reads one row's 512 c_kv bytes an instruction (lane l: 16
       // bytes of scale group l / 8), so each load touches four whole lines
       // (a lane per row reading 128 bytes of its own row in eight loads
       // touched 32 lines an instruction: L1-bound). Two passes of 8 rows a
       // tile, the first pass's loads flying while the consumers still use
       // the stage; lane l loads the scale of row l / 4, group l % 4 of the
-      // pass; k_pe goes to shared memory by cp.async (bf16 already).
+      // pass (as an f16 pair); k_pe goes to shared memory by cp.async (bf16
+      // already).
       const int group = lane / 8, chunk = lane % 8;
-      auto produce = [&](int it, int64_t& slot, int64_t next_slot) {
+      // Tile it's step: its row's slot, the next tile's (prefetched), and
+      // returns tile it + 2's.
+      auto produce = [&](int it, int this_slot, int next_slot) {
         const int stage = it % kStages;
         uint8_t* dst = kv_s + stage * kTileBytes;
-        const int this_slot = int(slot);  // slots fit 32 bits (kv_slots is int32)
-        slot = slot_of(it + 2);
+        const int slot_after_next = slot_of(it + 2);
         const uint8_t* cache = p.fp8_cache;
         {
           // The next tile's slots into L2 now, so its loads wait on L2, not DRAM.
-          const int sl = __shfl_sync(0xffffffffu, int(next_slot), lane / 2);
+          const int sl = __shfl_sync(0xffffffffu, next_slot, lane / 2);
           if (sl >= 0) {
             const uint8_t* bytes = cache + int64_t(sl) * kSlotBytes + (lane % 2) * 384;
 #pragma unroll
@@ -171,10 +183,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
             raw[i] = sl >= 0 ? __ldg(reinterpret_cast<const uint4*>(slot_bytes(sl)) + lane) : make_uint4(0, 0, 0, 0);
           }
           const int scale_slot = row_slot(8 * pass + lane / 4);
-          const float scale =
+          const __half2 scale = __float2half2_rn(
               scale_slot >= 0
                   ? __ldg(reinterpret_cast<const float*>(slot_bytes(scale_slot) + kFp8Layout.scale_offset()) + lane % 4)
-                  : 0.0f;
+                  : 0.0f);
           if (pass == 0) {
             sm90::mbar_wait(&empty[stage], ((it / kStages) & 1) ^ 1);
 #pragma unroll
@@ -188,33 +200,36 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
             const int r = warp * 16 + 8 * pass + i;
-            const float row_scale = __shfl_sync(0xffffffffu, scale, 4 * i + group);
+            const __half2 row_scale = __shfl_sync(0xffffffffu, scale, 4 * i + group);
             // Lanes 0-3 of a group store their even bf16 chunks first, lanes
             // 4-7 their odd ones: the 32 stores cover all eight 16-byte
             // columns of the swizzled row (four lanes each).
 #pragma unroll
             for (int n = 0; n < 2; ++n) {
               const int e = n ^ (chunk / 4);
-              float v[8];
-              widen_e4m3x8(e ? make_uint2(raw[i].z, raw[i].w) : make_uint2(raw[i].x, raw[i].y), row_scale, v);
               *reinterpret_cast<uint4*>(dst + swizzled(r, group * 16 + 2 * chunk + e)) =
-                  make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]), pack_bf16x2(v[4], v[5]),
-                             pack_bf16x2(v[6], v[7]));
+                  widen_e4m3x8_f16(e ? make_uint2(raw[i].z, raw[i].w) : make_uint2(raw[i].x, raw[i].y), row_scale);
             }
           }
         }
         sm90::fence_proxy_async_smem();  // wgmma reads what these stores wrote
         sm90::mbar_arrive(&full[stage]);
+        return slot_after_next;
       };
-      // One call site (the bf16 loop's two unrolled ones spill here).
+      // One call site (the bf16 loop's two unrolled ones spill here); the
+      // slots rotate by value (a reference to either of two would put both
+      // in local memory).
 #pragma unroll 1
-      for (int it = 0; it < num_tiles; ++it)
-        produce(it, it % 2 ? slot_odd : slot_even, it % 2 ? slot_even : slot_odd);
+      for (int it = 0; it < num_tiles; ++it) {
+        const int after_next = produce(it, slot_even, slot_odd);
+        slot_even = slot_odd;
+        slot_odd = after_next;
+      }
     } else {
-      auto produce = [&](int it, int64_t& slot) {
+      auto produce = [&](int it, int& slot) {
         const int stage = it % kStages;
         uint8_t* dst = kv_s + stage * kTileBytes;
-        const __nv_bfloat16* src = p.cache + (slot >= 0 ? slot : 0) * kD;
+        const __nv_bfloat16* src = p.cache + int64_t(slot >= 0 ? slot : 0) * kD;
         const uint32_t src_bytes = slot >= 0 ? 16 : 0;
         slot = slot_of(it + 2);
         sm90::mbar_wait(&empty[stage], ((it / kStages) & 1) ^ 1);
@@ -244,6 +259,70 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
   const float scale_log2 = p.scale * kMlaLog2e;
   const uint32_t q_addr = sm90::smem_u32(q_s), p_addr = sm90::smem_u32(p_s);
+  // Rows row0 and row0 + 8's score scale: the softmax scale in log2 units,
+  // times (FP8 cache) the inverse of the power of two Q's row was scaled by.
+  float row_scale[2] = {scale_log2, scale_log2};
+  if constexpr (kFp8) {
+    // Q in the tile as f16 in the c_kv dims (which meet the cache widened
+    // to f16) and bf16 in the rope dims (which meet k_pe as stored), each
+    // head row times the power of two that puts its largest |value| in
+    // [2^14, 2^15): f16's range then holds any row at full precision.
+    // Converted in place from the bf16 rows the producer copied, a quad of
+    // threads a row (thread q of the quad: chunks q, q + 4, ...), in two
+    // passes over shared memory: the row's maximum, then the conversion.
+    float* q_unscale = x_s + 3 * 2 * 64;
+    const int q_row = ctid / 4, quarter = ctid % 4;
+    constexpr int kQuarterChunks = kChunksPerRow / 4;
+    static_assert(kChunksPerRow % 4 == 0 && kConsumerThreads == 4 * kMlaWideHeads, "a quad a Q row");
+    sm90::mbar_wait(q_full, 0);
+    __nv_bfloat162 max2 = __float2bfloat162_rn(0.0f);
+#pragma unroll 6
+    for (int i = 0; i < kQuarterChunks; ++i) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(q_s + swizzled(q_row, quarter + 4 * i));
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) max2 = __hmax2(max2, __habs2(h[k]));
+    }
+    float amax = fmaxf(__low2float(max2), __high2float(max2));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    int e = 0;
+    frexpf(amax, &e);
+    const float scale = amax > 0.0f && amax <= FLT_MAX ? ldexpf(1.0f, min(15 - e, 64)) : 1.0f;
+#pragma unroll 6
+    for (int i = 0; i < kQuarterChunks; ++i) {
+      const int chunk = quarter + 4 * i;
+      uint4* at = reinterpret_cast<uint4*>(q_s + swizzled(q_row, chunk));
+      uint4 raw = *at;
+      uint32_t* w = reinterpret_cast<uint32_t*>(&raw);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
+        if (chunk < kL / 8) {
+          const __half2 h = __floats2half2_rn(f.x * scale, f.y * scale);
+          w[k] = *reinterpret_cast<const uint32_t*>(&h);
+        } else {
+          w[k] = pack_bf16x2(f.x * scale, f.y * scale);
+        }
+      }
+      *at = raw;
+    }
+    if (quarter == 0) q_unscale[q_row] = 1.0f / scale;
+    sm90::fence_proxy_async_smem();  // wgmma reads Q through the async proxy
+    sm90::named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+    row_scale[0] *= q_unscale[row0];
+    row_scale[1] *= q_unscale[row0 + 8];
+  }
+  // The c_kv dims' operand type (FP8 cache: widened to f16); the rope dims stay bf16.
+  constexpr sm90::Mma16 kLatentType = kFp8 ? sm90::Mma16::kF16 : sm90::Mma16::kBf16;
+  auto pack_p = [](float a, float b) -> uint32_t {
+    if constexpr (kFp8) {
+      const __half2 h = __floats2half2_rn(a, b);
+      return *reinterpret_cast<const uint32_t*>(&h);
+    } else {
+      return pack_bf16x2(a, b);
+    }
+  };
 
   for (int it = 0; it < num_tiles; ++it) {
     const int stage = it % kStages;
@@ -262,7 +341,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
       const uint64_t da = sm90::wgmma_desc(q_addr + blk * kBlockBytes);
       const uint64_t db = sm90::wgmma_desc(kv_addr + blk * kBlockBytes + cw * 32 * 128);
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) sm90::wgmma_m64n32k16_bf16(s, da + 2 * kk, db + 2 * kk, 1);
+      for (int kk = 0; kk < 4; ++kk) {
+        if (blk < kColBlocks - 1)
+          sm90::wgmma_m64n32k16<kLatentType>(s, da + 2 * kk, db + 2 * kk, 1);
+        else
+          sm90::wgmma_m64n32k16<sm90::Mma16::kBf16>(s, da + 2 * kk, db + 2 * kk, 1);
+      }
     }
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
@@ -273,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       const int col = col0 + (i / 4) * 8 + c2 + (i % 2);
-      s[i] = col < end ? s[i] * scale_log2 : -INFINITY;
+      s[i] = col < end ? s[i] * row_scale[(i / 2) % 2] : -INFINITY;
       mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], s[i]);
     }
     // Row maxima by tile parity: a warpgroup writes tile it + 2's only after
@@ -304,8 +388,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
       sum[0] += p0 + p1;
       sum[1] += p2 + p3;
       const int col = cw * 32 + nt * 8 + c2;  // P tile column (kv row of the tile)
-      *reinterpret_cast<uint32_t*>(p_s + swizzled(row0, col / 8) + (col % 8) * 2) = pack_bf16x2(p0, p1);
-      *reinterpret_cast<uint32_t*>(p_s + swizzled(row0 + 8, col / 8) + (col % 8) * 2) = pack_bf16x2(p2, p3);
+      *reinterpret_cast<uint32_t*>(p_s + swizzled(row0, col / 8) + (col % 8) * 2) = pack_p(p0, p1);
+      *reinterpret_cast<uint32_t*>(p_s + swizzled(row0 + 8, col / 8) + (col % 8) * 2) = pack_p(p2, p3);
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + sum[r];
@@ -326,7 +410,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
     for (int kk = 0; kk < 4; ++kk) {
       const uint64_t da = sm90::wgmma_desc(p_addr) + 2 * kk;
       const uint64_t db = sm90::wgmma_desc_mn(kv_addr + 4 * cw * kBlockBytes + kk * 16 * 128, kBlockBytes);
-      sm90::wgmma_m64n256k16_bf16<1>(o, da, db, 1);
+      sm90::wgmma_m64n256k16<kLatentType, 1>(o, da, db, 1);
     }
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
