@@ -69,11 +69,13 @@ __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
 // without the MMAs 354, without both 117: the copies (1.2 GB from L2, each
 // tile once per 64-head block) now bound it, the consumers' serial scores /
 // softmax / products close behind. Nsight Compute: L2 throughput 93%, DRAM
-// 53%. FP8 464 us (session 19: a warp reading one row an instruction, 502-509,
-// then the next tile's slots prefetched into L2, 464; 562-569 while each
-// producer thread read its own row, L1/TEX 76%; 615-620 before the producer
-// warpgroup); loading a tile's second pass while the first is widened (120 /
-// 192 registers): no change. Measured and dropped (session 18, tests passing): each producer
+// 53%. FP8 399-406 us since the tile is f16 (session 20; 458-463 widening to
+// bf16 at six instructions a pair, the consumers 18% of their time waiting
+// for the producer; session 19: a warp reading one row an instruction,
+// 502-509, then the next tile's slots prefetched into L2, 464; 562-569 while
+// each producer thread read its own row, L1/TEX 76%; 615-620 before the
+// producer warpgroup); loading a tile's second pass while the first is
+// widened (120 / 192 registers): no change. Measured and dropped (session 18, tests passing): each producer
 // warp copying whole rows with its lanes on consecutive chunks (455 us); the
 // token's two head blocks in a cluster sharing each tile, either by TMA
 // (one 64 x 1 box a row and column block, multicast: 1062 us, the boxes are
