@@ -209,6 +209,12 @@ __device__ __forceinline__ uint64_t wgmma_desc_mn(uint32_t addr, uint32_t n_bloc
 
 // The 16-bit operand types of the wgmma shapes that take either.
 enum class Mma16 { kBf16, kF16 };
+// The asm statement ASM(type string) for the function's kType.
+#define MLA_WGMMA_OF_TYPE(ASM)         \
+  if constexpr (kType == Mma16::kF16) \
+    ASM("f16");                        \
+  else                                 \
+    ASM("bf16")
 
 // d (64 x 256 f32 per warpgroup) = A(64 x 16) · B(256 x 16)ᵀ + (accumulate ? d : 0),
 // A and B both bf16 or both f16 (kType); kTransposeB: B is MN-major
@@ -235,10 +241,7 @@ enum class Mma16 { kBf16, kF16 };
       : "l"(a), "l"(b), "r"(accumulate), "n"(kTransposeB))
 template <Mma16 kType, int kTransposeB = 0>
 __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a, uint64_t b, int accumulate) {
-  if constexpr (kType == Mma16::kF16)
-    MLA_WGMMA_M64N256K16("f16");
-  else
-    MLA_WGMMA_M64N256K16("bf16");
+  MLA_WGMMA_OF_TYPE(MLA_WGMMA_M64N256K16);
 }
 #undef MLA_WGMMA_M64N256K16
 
@@ -258,12 +261,10 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a, ui
       : "l"(a), "l"(b), "r"(accumulate))
 template <Mma16 kType>
 __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
-  if constexpr (kType == Mma16::kF16)
-    MLA_WGMMA_M64N32K16("f16");
-  else
-    MLA_WGMMA_M64N32K16("bf16");
+  MLA_WGMMA_OF_TYPE(MLA_WGMMA_M64N32K16);
 }
 #undef MLA_WGMMA_M64N32K16
+#undef MLA_WGMMA_OF_TYPE
 
 // d (64 x 64 f32 per warpgroup) = A(64 x 16 bf16) · B(64 x 16 bf16)ᵀ + (accumulate ? d : 0),
 // same accumulator layout (which is also mma.sync m16n8k16's, n-tile j of warp w).
