@@ -219,6 +219,7 @@ void bf16_args(benchmark::internal::Benchmark* b) {
   }
   for (int block_m : {128, 64})
     for (int cluster : {1, 2}) b->Args({4096, block_m, 0, cluster});
+  for (int tokens : {512, 1024, 2048, 4096}) b->Args({tokens, 192, 0, 1});
 }
 void fp8_moe_args(benchmark::internal::Benchmark* b) {
   for (int tokens : {6, 8, 12, 16, 32, 48, 64, 96, 128, 256, 512}) b->Args({tokens, 1, 1, 0, 0, 0});

@@ -35,11 +35,12 @@ int64_t interleaved_row(int64_t i, bool is_up) { return (i / 8) * 16 + (is_up ? 
 // Every kernel variant is checked against the same reference.
 // MoE variants gather x in the GEMM's producer (1) or in a pass before it
 // (0), whose TMA-fed kernels run one CTA a tile or in pairs sharing weight
-// tiles (cluster_m 1 / 2).
+// tiles (cluster_m 1 / 2), or (bf16 block_m 192) walk runs of an expert's blocks.
 std::vector<Sm90GemmVariant> bf16_variants() {
   return {Sm90GemmVariant{128, -1, 0, 1},       Sm90GemmVariant{64, -1, 0, 1},
           Sm90GemmVariant{128, -1, 0, 0, 0, 1}, Sm90GemmVariant{64, -1, 0, 0, 0, 1},
-          Sm90GemmVariant{128, -1, 0, 0, 0, 2}, Sm90GemmVariant{64, -1, 0, 0, 0, 2}};
+          Sm90GemmVariant{128, -1, 0, 0, 0, 2}, Sm90GemmVariant{64, -1, 0, 0, 0, 2},
+          Sm90GemmVariant{192, -1, 0, 0}};
 }
 // The TMA-fed fp8 MoE runs 64-row tiles (fp8_moe_block_m 64, one CTA a
 // tile or pairs) or three consumer warpgroups over runs of an expert's

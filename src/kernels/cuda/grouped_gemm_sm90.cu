@@ -43,6 +43,18 @@ struct Bf16Rows64 {
   static constexpr int kBlockM = 64, kBlockN = 256, kBlockK = 64, kStages = 5, kConsumers = 2;
 };
 
+// bf16, 192 x 256 tiles walking runs of one to three of an expert's 64-row
+// blocks (GemmArgs::row_units, as Fp8Rows192): each weight tile of an expert
+// is read once for up to 192 of its rows instead of once per 128-row tile.
+// The consumer warpgroups split the columns and each holds all three 64-row
+// sets (3 x 64 x 128, 192 accumulators a thread): three warpgroups of 64 x
+// 256 would need 128 accumulators a thread, past the 128 registers a
+// 512-thread block may start with. 4 stages of 56 KB.
+struct Bf16Rows192 {
+  static constexpr bool kFp8 = false, kSplitM = false;
+  static constexpr int kBlockM = 192, kBlockN = 256, kBlockK = 64, kStages = 4, kConsumers = 2;
+};
+
 // fp8, 64 x 256 tiles; the consumer warpgroups split the columns (64 x 128
 // each), since the per-block promotion holds two or three accumulator sets
 // (partials and totals). 64-row blocks also halve the padding of experts'
@@ -90,6 +102,13 @@ struct Fp8Rows192 {
 template <class T>
 constexpr int threads_of() {
   return 128 * (1 + T::kConsumers);
+}
+
+// 64-row sets each consumer warpgroup holds: all of the tile's rows when
+// the warpgroups split the columns, else its own 64.
+template <class T>
+constexpr int row_sets_of() {
+  return T::kSplitM ? 1 : T::kBlockM / 64;
 }
 
 template <class T>
@@ -262,6 +281,9 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
   static_assert(kCluster == 1 || (kCluster == 2 && kA == ASource::kTma), "pairs take TMA-fed A only");
   static_assert(T::kConsumers == 2 || (T::kConsumers == 3 && T::kSplitM && kCluster == 1 && kA == ASource::kTma),
                 "three consumer warpgroups: rows split, one CTA a tile, TMA-fed A");
+  constexpr int kSets = row_sets_of<T>();
+  static_assert(kSets == 1 || (!T::kFp8 && kCluster == 1 && kA == ASource::kTma),
+                "several row sets a warpgroup: bf16 runs of an expert's blocks, TMA-fed A");
   constexpr bool kPair = kCluster == 2;
   constexpr int kThreads = threads_of<T>();
   // The register file split by role: 128 x 40 + 256 x 232, or 128 x 32 + 384 x 160 (= 65536).
@@ -571,29 +593,51 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
       }
       continue;
     }
-    float acc[L::kAccum];
+    // Row sets with rows in this unit (a run of fewer blocks than the tile leaves the last ones out).
+    const int sets = kSets == 1 ? 1 : u.consumers;
+    float acc_sets[kSets][L::kAccum];
+    float(&acc)[L::kAccum] = acc_sets[0];
 #pragma unroll
-    for (int i = 0; i < L::kAccum; ++i) acc[i] = 0.0f;
+    for (int h = 0; h < kSets; ++h)
+#pragma unroll
+      for (int i = 0; i < L::kAccum; ++i) acc_sets[h][i] = 0.0f;
 
     if constexpr (!T::kFp8) {
       // Each K block's products stay in flight while the next block's are
       // issued; a stage is released once the products reading it are done.
       int prev_stage = 0;
-      fence_registers(acc);
+#pragma unroll
+      for (int h = 0; h < kSets; ++h) fence_registers(acc_sets[h]);
+      // One K block's products for the first kN row sets (straight-line
+      // wgmmas: a branch between them makes ptxas fence each one).
+      auto issue = [&]<int kN>(uint32_t da, uint32_t dw) {
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
+          const uint64_t w = sm90::wgmma_desc_of(dw + 2 * kk);
+#pragma unroll
+          for (int h = 0; h < kN; ++h) {
+            // Set h's rows start 64 rows (8 KB, 512 descriptor units) further on.
+            const uint64_t a = sm90::wgmma_desc_of(da + 2 * kk + h * (64 * kRowBytes >> 4));
+            if constexpr (L::kWarpN == 256)
+              sm90::wgmma_m64n256k16<sm90::Mma16::kBf16>(acc_sets[h], a, w, 1);
+            else
+              sm90::wgmma_m64n128k16_bf16(acc_sets[h], a, w, 1);
+          }
+        }
+        sm90::wgmma_commit();
+      };
+      static_assert(kSets == 1 || kSets == 3, "one or three row sets");
       for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
         mbar_wait(full_s + 8 * stage, phase);
         if constexpr (kProducerWrites) sm90::fence_proxy_async_smem();
-        sm90::wgmma_fence();
         const uint32_t da = a_desc + stage * (L::kABytes >> 4), dw = w_desc + stage * (L::kWBytes >> 4);
-#pragma unroll
-        for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
-          const uint64_t a = sm90::wgmma_desc_of(da + 2 * kk), w = sm90::wgmma_desc_of(dw + 2 * kk);
-          if constexpr (L::kWarpN == 256)
-            sm90::wgmma_m64n256k16<sm90::Mma16::kBf16>(acc, a, w, 1);
-          else
-            sm90::wgmma_m64n128k16_bf16(acc, a, w, 1);
-        }
-        sm90::wgmma_commit();
+        if (kSets == 1 || sets == 1)
+          issue.template operator()<1>(da, dw);
+        else if (sets == 2)
+          issue.template operator()<2>(da, dw);
+        else
+          issue.template operator()<kSets>(da, dw);
         sm90::wgmma_wait<1>();
         if (kb > u.kb_begin) release(prev_stage);
         prev_stage = stage;
@@ -603,7 +647,8 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
         }
       }
       sm90::wgmma_wait<0>();
-      fence_registers(acc);
+#pragma unroll
+      for (int h = 0; h < kSets; ++h) fence_registers(acc_sets[h]);
       if (u.kb_end > u.kb_begin) release(prev_stage);
     } else {
       // Per 128-wide K block: partial = A_q · W_qᵀ on the tensor cores, then
@@ -773,38 +818,43 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
         continue;
       }
     }
+    // Each row set's rows (a unit's sets past its run have none).
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      uint32_t word[kGroups];
+    for (int set = 0; set < kSets; ++set) {
+      if (set > 0 && set >= sets) break;
 #pragma unroll
-      for (int i = 0; i < kGroups; ++i) {
-        float v[2];
-        if constexpr (kEpi == Epilogue::kStore) {
-          v[0] = acc[4 * i + 2 * h];
-          v[1] = acc[4 * i + 2 * h + 1];
-        } else {
-          // Gate and up of the same output columns are both in this thread:
-          // groups 2i / 2i+1 (interleaved by 8) or i / i + half (halves).
-          const int gj = kEpi == Epilogue::kSiluInterleaved8 ? 2 * i : i;
-          const int uj = kEpi == Epilogue::kSiluInterleaved8 ? 2 * i + 1 : i + L::kAccum / 8;
+      for (int h = 0; h < 2; ++h) {
+        uint32_t word[kGroups];
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float g = acc[4 * gj + 2 * h + e], u = acc[4 * uj + 2 * h + e];
-            v[e] = g / (1.0f + __expf(-g)) * u;
+        for (int i = 0; i < kGroups; ++i) {
+          float v[2];
+          if constexpr (kEpi == Epilogue::kStore) {
+            v[0] = acc_sets[set][4 * i + 2 * h];
+            v[1] = acc_sets[set][4 * i + 2 * h + 1];
+          } else {
+            // Gate and up of the same output columns are both in this thread:
+            // groups 2i / 2i+1 (interleaved by 8) or i / i + half (halves).
+            const int gj = kEpi == Epilogue::kSiluInterleaved8 ? 2 * i : i;
+            const int uj = kEpi == Epilogue::kSiluInterleaved8 ? 2 * i + 1 : i + L::kAccum / 8;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float g = acc_sets[set][4 * gj + 2 * h + e], u = acc_sets[set][4 * uj + 2 * h + e];
+              v[e] = g / (1.0f + __expf(-g)) * u;
+            }
           }
+          const __nv_bfloat162 packed = __floats2bfloat162_rn(v[0], v[1]);
+          word[i] = *reinterpret_cast<const uint32_t*>(&packed);
         }
-        const __nv_bfloat162 packed = __floats2bfloat162_rn(v[0], v[1]);
-        word[i] = *reinterpret_cast<const uint32_t*>(&packed);
-      }
-      const int r = row + 8 * h;
-      __nv_bfloat16* out_row = args.out + int64_t(r) * args.out_ld + out_col0;
-      const int n_left = args.n_out - out_col0;  // output columns of this tile that exist
-      // Quad transposes of 4 groups: lane q stores group 4g + q whole (16
-      // bytes; 4-byte stores measured up to 10% slower on fp8 shapes).
+        const int r = row + 64 * set + 8 * h;
+        __nv_bfloat16* out_row = args.out + int64_t(r) * args.out_ld + out_col0;
+        const int n_left = args.n_out - out_col0;  // output columns of this tile that exist
+        // Quad transposes of 4 groups: lane q stores group 4g + q whole (16
+        // bytes; 4-byte stores measured up to 10% slower on fp8 shapes).
 #pragma unroll
-      for (int g = 0; g < kGroups; g += 4) {
-        const uint4 chunk = quad_transpose(word[g], word[g + 1], word[g + 2], word[g + 3], lane);
-        if (r < args.m && (g + quad) * 8 < n_left) *reinterpret_cast<uint4*>(out_row + (g + quad) * 8) = chunk;
+        for (int g = 0; g < kGroups; g += 4) {
+          const uint4 chunk = quad_transpose(word[g], word[g + 1], word[g + 2], word[g + 3], lane);
+          if (r < args.m && (g + quad) * 8 < n_left) *reinterpret_cast<uint4*>(out_row + (g + quad) * 8) = chunk;
+        }
       }
     }
   }
@@ -1129,12 +1179,16 @@ void check_moe_shape(const Sm90MoeParams& p, const char* op) {
 }
 
 // The measured best variants (bench_grouped_gemm on an H200, docs/sm90_gemm.md).
-// bf16 rows: the tile that pads each expert's mean row count least, 128 on
-// a tie (more efficient tiles); v2-lite: 64 below ~1024 and at 2048 tokens.
+// bf16 rows: runs of an expert's blocks (192) once experts average 192 rows
+// (H100, v2-lite, perf.md session 21: 2,048 tokens 652 against 773-779 us,
+// 4,096 1,099-1,103 against 1,114-1,129; 1,024 even); below, the tile that
+// pads each expert's mean row count least, 128 on a tie (more efficient
+// tiles); v2-lite: 64 below ~1024 tokens.
 int bf16_block_m(const Sm90MoeParams& p) {
   if (p.variant.bf16_block_m) return p.variant.bf16_block_m;
   const int64_t slots = int64_t(p.num_tokens) * (p.top_k + p.num_shared);
   const int64_t mean_rows = (slots + p.num_experts + p.num_shared - 1) / (p.num_experts + p.num_shared);
+  if (mean_rows >= Bf16Rows192::kBlockM) return Bf16Rows192::kBlockM;
   const int64_t padded128 = (mean_rows + 127) / 128 * 128, padded64 = (mean_rows + 63) / 64 * 64;
   return padded64 < padded128 ? 64 : 128;
 }
@@ -1179,12 +1233,34 @@ bool fp8_overlapped(const Sm90GemmVariant& v, int k) {
   return v.fp8_overlap_promotion != 0 && k_blocks >= 2 && k_blocks % 2 == 0;
 }
 
+// Runs of an expert's blocks (Bf16Rows192): the align step pads to 64-row
+// blocks and cuts the runs into units; A comes by TMA.
+template <class T>
+constexpr bool bf16_runs() {
+  return row_sets_of<T>() > 1;
+}
+
+// A TMA-fed bf16 GEMM, one CTA a tile or (pairs) clusters of two sharing weight tiles.
+template <class T, Epilogue kEpi>
+void launch_bf16_tma(bool pairs, const CUtensorMap& map_a, const CUtensorMap& map_w, const GemmArgs& g,
+                     int max_m_blocks, cudaStream_t stream, const char* op) {
+  const CUtensorMap unused{};
+  if constexpr (!bf16_runs<T>()) {
+    if (pairs) {
+      launch_gemm<T, kEpi, ASource::kTma, 2>(map_a, map_w, unused, g, max_m_blocks, stream, op);
+      return;
+    }
+  }
+  launch_gemm<T, kEpi>(map_a, map_w, unused, g, max_m_blocks, stream, op);
+}
+
 template <class T>
 void run_bf16_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
-  const MoeRows r = moe_rows(p, T::kBlockM);
-  const bool gather = gathers_in_producer(p, false);
+  constexpr bool kRuns = bf16_runs<T>();
+  const MoeRows r = moe_rows(p, kRuns ? kPieceRows : T::kBlockM);
+  const bool gather = !kRuns && gathers_in_producer(p, false);
   const Bf16MoeWorkspace w = carve_bf16(workspace, r, p.hidden, p.inter, gather, nullptr);
-  align(r, w.rows, 0, stream, "sm90 moe align");
+  align(r, w.rows, kRuns ? row_sets_of<T>() : 0, stream, "sm90 moe align");
   if (!gather) {
     gather_rows_kernel<<<r.max_rows / 8, 256, 0, stream>>>(p.x, w.rows.sorted_ids, r.slots.per_token(),
                                                            r.slot_count, w.rows.rows_in_use, p.hidden, w.x_sorted);
@@ -1193,16 +1269,20 @@ void run_bf16_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) 
 
   const auto* w_gate_up = static_cast<const __nv_bfloat16*>(p.w_gate_up);
   const auto* w_down = static_cast<const __nv_bfloat16*>(p.w_down);
-  const CUtensorMap unused{};
   GemmArgs g;
   g.block_expert = w.rows.block_expert;
   g.rows_in_use = w.rows.rows_in_use;
+  if (kRuns) {
+    g.row_units = w.rows.row_units;
+    g.num_row_units = w.rows.num_row_units;
+  }
   g.m = r.max_rows;
   g.k = p.hidden;
   g.n_out = p.inter;
   g.w_rows = 2 * p.inter;
   g.out = w.act;
   g.out_ld = p.inter;
+  const bool pairs = !kRuns && pairs_row_tiles(p.variant, false);
   const CUtensorMap map_gate_up =
       bf16_tile_map(w_gate_up, int64_t(r.total_experts) * 2 * p.inter, p.hidden, kPieceRows, "gate_up weights");
   if (gather) {
@@ -1211,15 +1291,14 @@ void run_bf16_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) 
     g.gather_sentinel = r.slot_count;
     g.gather_src = p.x;
     g.gather_ld = int64_t(p.hidden) * 2;
-    launch_gemm<T, Epilogue::kSiluInterleaved8, ASource::kGather>(unused, map_gate_up, unused, g, r.max_blocks, stream,
-                                                      "sm90 moe gate_up (gathering)");
-  } else if (pairs_row_tiles(p.variant, false)) {
-    launch_gemm<T, Epilogue::kSiluInterleaved8, ASource::kTma, 2>(
-        bf16_tile_map(w.x_sorted, r.max_rows, p.hidden, T::kBlockM, "gathered x"), map_gate_up, unused, g,
-        r.max_blocks, stream, "sm90 moe gate_up");
+    const CUtensorMap unused{};
+    if constexpr (!kRuns)  // (runs never gather in the producer)
+      launch_gemm<T, Epilogue::kSiluInterleaved8, ASource::kGather>(unused, map_gate_up, unused, g, r.max_blocks,
+                                                                    stream, "sm90 moe gate_up (gathering)");
   } else {
-    launch_gemm<T, Epilogue::kSiluInterleaved8>(bf16_tile_map(w.x_sorted, r.max_rows, p.hidden, T::kBlockM, "gathered x"),
-                                                map_gate_up, unused, g, r.max_blocks, stream, "sm90 moe gate_up");
+    launch_bf16_tma<T, Epilogue::kSiluInterleaved8>(
+        pairs, bf16_tile_map(w.x_sorted, r.max_rows, p.hidden, T::kBlockM, "gathered x"), map_gate_up, g,
+        r.max_blocks, stream, "sm90 moe gate_up");
   }
 
   g.k = p.inter;
@@ -1230,11 +1309,7 @@ void run_bf16_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) 
   const CUtensorMap map_act = bf16_tile_map(w.act, r.max_rows, p.inter, T::kBlockM, "activations");
   const CUtensorMap map_down =
       bf16_tile_map(w_down, int64_t(r.total_experts) * p.hidden, p.inter, kPieceRows, "down weights");
-  if (pairs_row_tiles(p.variant, false))
-    launch_gemm<T, Epilogue::kStore, ASource::kTma, 2>(map_act, map_down, unused, g, r.max_blocks, stream,
-                                                      "sm90 moe down");
-  else
-    launch_gemm<T, Epilogue::kStore>(map_act, map_down, unused, g, r.max_blocks, stream, "sm90 moe down");
+  launch_bf16_tma<T, Epilogue::kStore>(pairs, map_act, map_down, g, r.max_blocks, stream, "sm90 moe down");
 
   moe_combine_kernel<<<p.num_tokens, 128, 0, stream>>>(w.down, w.rows.position, r.slots, p.addend, p.hidden, p.out);
   check_launch("sm90 moe combine");
@@ -1502,17 +1577,22 @@ bool sm90_gemm_supported() {
 
 size_t moe_experts_sm90_workspace_bytes(const Sm90MoeParams& p) {
   size_t bytes = 0;
-  carve_bf16(nullptr, moe_rows(p, bf16_block_m(p)), p.hidden, p.inter, gathers_in_producer(p, false), &bytes);
+  const int block_m = bf16_block_m(p);
+  const bool runs = block_m == Bf16Rows192::kBlockM;
+  carve_bf16(nullptr, moe_rows(p, runs ? kPieceRows : block_m), p.hidden, p.inter,
+             !runs && gathers_in_producer(p, false), &bytes);
   return bytes;
 }
 
 void moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
   check_moe_shape(p, "moe_experts_sm90");
   const int block_m = bf16_block_m(p);
-  MLA_CUDA_REQUIRE(block_m == 128 || block_m == 64,
-                   "moe_experts_sm90: bf16_block_m must be 128 or 64, not " + std::to_string(block_m));
+  MLA_CUDA_REQUIRE(block_m == 192 || block_m == 128 || block_m == 64,
+                   "moe_experts_sm90: bf16_block_m must be 192, 128 or 64, not " + std::to_string(block_m));
   if (p.num_tokens == 0) return;
-  if (block_m == 128)
+  if (block_m == 192)
+    run_bf16_moe<Bf16Rows192>(p, workspace, stream);
+  else if (block_m == 128)
     run_bf16_moe<Bf16Rows128>(p, workspace, stream);
   else
     run_bf16_moe<Bf16Rows64>(p, workspace, stream);

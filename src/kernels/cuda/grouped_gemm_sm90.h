@@ -51,7 +51,10 @@ constexpr int kSm90Fp8BlockM = 64;
 // Kernel variants (the benchmark and the tests sweep them); zero / negative
 // values pick the measured best.
 struct Sm90GemmVariant {
-  int bf16_block_m = 0;  // 128: 128 x 256 tiles; 64: 64 x 256 tiles (less padding per expert); 0: by shape
+  // bf16 MoE: 128: 128 x 256 tiles; 64: 64 x 256 tiles (less padding per expert); 192: runs of one to
+  // three of an expert's 64-row blocks on three consumer warpgroups (192 x 256 tiles, x copied into
+  // expert order first); 0: by shape
+  int bf16_block_m = 0;
   int fp8_overlap_promotion = -1;  // 1: block k is scaled and added while block k + 1 multiplies; 0: in turn
   // dense fp8 only: 64 (64 x 256 tiles), 128 (128 x 128, overlapped) or 192 (192 x 128, three consumer
   // warpgroups); 0: 64 up to 64 rows, else 128
