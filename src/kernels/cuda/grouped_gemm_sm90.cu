@@ -1180,8 +1180,8 @@ void check_moe_shape(const Sm90MoeParams& p, const char* op) {
 
 // The measured best variants (bench_grouped_gemm on an H200, docs/sm90_gemm.md).
 // bf16 rows: runs of an expert's blocks (192) once experts average 192 rows
-// (H100, v2-lite, perf.md session 21: 2,048 tokens 652 against 773-779 us,
-// 4,096 1,099-1,103 against 1,114-1,129; 1,024 even); below, the tile that
+// (H100, v2-lite, perf.md session 21: 2,048 tokens 654-655 against 773-779
+// us, 4,096 1,098-1,099 against 1,124-1,129; 1,024 even); below, the tile that
 // pads each expert's mean row count least, 128 on a tie (more efficient
 // tiles); v2-lite: 64 below ~1024 tokens.
 int bf16_block_m(const Sm90MoeParams& p) {
