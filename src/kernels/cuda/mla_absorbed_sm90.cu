@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
       sm90::mbar_init(&full[s], kFp8 ? 2 * kProducerThreads : kProducerThreads);
       sm90::mbar_init(&empty[s], kConsumerThreads / 32);
     }
-    sm90::mbar_init(q_full, kProducerThreads);
+    if constexpr (kFp8) sm90::mbar_init(q_full, kProducerThreads);
   }
   __syncthreads();
   const int num_tiles = (end - begin + kRows - 1) / kRows;
