@@ -632,12 +632,16 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
         mbar_wait(full_s + 8 * stage, phase);
         if constexpr (kProducerWrites) sm90::fence_proxy_async_smem();
         const uint32_t da = a_desc + stage * (L::kABytes >> 4), dw = w_desc + stage * (L::kWBytes >> 4);
-        if (kSets == 1 || sets == 1)
+        if constexpr (kSets == 1) {
           issue.template operator()<1>(da, dw);
-        else if (sets == 2)
-          issue.template operator()<2>(da, dw);
-        else
-          issue.template operator()<kSets>(da, dw);
+        } else {
+          if (sets == 1)
+            issue.template operator()<1>(da, dw);
+          else if (sets == 2)
+            issue.template operator()<2>(da, dw);
+          else
+            issue.template operator()<3>(da, dw);
+        }
         sm90::wgmma_wait<1>();
         if (kb > u.kb_begin) release(prev_stage);
         prev_stage = stage;
