@@ -1244,6 +1244,16 @@ constexpr bool bf16_runs() {
   return row_sets_of<T>() > 1;
 }
 
+// The rows the align step lays out and whether gate_up gathers x in its
+// producer, for a bf16 tile of block_m rows (the workspace size and the run
+// read both from here).
+MoeRows bf16_moe_rows(const Sm90MoeParams& p, int block_m) {
+  return moe_rows(p, block_m == Bf16Rows192::kBlockM ? kPieceRows : block_m);
+}
+bool bf16_gathers_in_producer(const Sm90MoeParams& p, int block_m) {
+  return block_m != Bf16Rows192::kBlockM && gathers_in_producer(p, false);
+}
+
 // A TMA-fed bf16 GEMM, one CTA a tile or (pairs) clusters of two sharing weight tiles.
 template <class T, Epilogue kEpi>
 void launch_bf16_tma(bool pairs, const CUtensorMap& map_a, const CUtensorMap& map_w, const GemmArgs& g,
@@ -1261,8 +1271,8 @@ void launch_bf16_tma(bool pairs, const CUtensorMap& map_a, const CUtensorMap& ma
 template <class T>
 void run_bf16_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
   constexpr bool kRuns = bf16_runs<T>();
-  const MoeRows r = moe_rows(p, kRuns ? kPieceRows : T::kBlockM);
-  const bool gather = !kRuns && gathers_in_producer(p, false);
+  const MoeRows r = bf16_moe_rows(p, T::kBlockM);
+  const bool gather = bf16_gathers_in_producer(p, T::kBlockM);
   const Bf16MoeWorkspace w = carve_bf16(workspace, r, p.hidden, p.inter, gather, nullptr);
   align(r, w.rows, kRuns ? row_sets_of<T>() : 0, stream, "sm90 moe align");
   if (!gather) {
@@ -1582,9 +1592,7 @@ bool sm90_gemm_supported() {
 size_t moe_experts_sm90_workspace_bytes(const Sm90MoeParams& p) {
   size_t bytes = 0;
   const int block_m = bf16_block_m(p);
-  const bool runs = block_m == Bf16Rows192::kBlockM;
-  carve_bf16(nullptr, moe_rows(p, runs ? kPieceRows : block_m), p.hidden, p.inter,
-             !runs && gathers_in_producer(p, false), &bytes);
+  carve_bf16(nullptr, bf16_moe_rows(p, block_m), p.hidden, p.inter, bf16_gathers_in_producer(p, block_m), &bytes);
   return bytes;
 }
 
