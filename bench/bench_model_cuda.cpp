@@ -7,7 +7,9 @@
 //
 //   bench_model_cuda --dir /tmp/v2lite [--preset v2-lite] [--layers N] [--dtype bf16|fp8]
 //                    [--batches 1,8,64|none] [--input 512] [--output 128] [--kv-cache-dtype auto|fp8_e4m3]
-//                    [--prefill 0|1] [--extend B,P,N] [--mixed D,C,P] [--mla-mode auto|absorbed|expanded]
+//                    [--prefill 0|1|BxL,...] [--extend B,P,N] [--mixed D,C,P] [--mla-mode auto|absorbed|expanded]
+// --prefill times B sequences of L tokens for each BxL given (1: 1x4096 and
+// 8x512, the default; 0: none);
 // --extend also times B sequences adding N new tokens to a P-token cached
 // prefix (a prefix-cache hit); --mixed one step as the scheduler mixes it, D
 // decode rows at context C and then a P-token prompt; --mla-mode picks the
@@ -55,7 +57,7 @@ struct Args {
   std::vector<int> batches = {1, 8, 64};
   int input = 512, output = 128;
   std::string kv_cache_dtype = "auto";  // the decode runs' latent cache: auto (bf16) or fp8_e4m3
-  bool prefill = true;                  // time the 1 x 4096 and 8 x 512 prefills
+  std::vector<std::pair<int, int>> prefills = {{1, 4096}, {8, 512}};  // {B, L} prefills timed
   int extend_batch = 0, extend_prefix = 0, extend_new = 0;  // --extend B,P,N (0: not timed)
   int mixed_decode = 0, mixed_context = 0, mixed_prompt = 0;  // --mixed D,C,P (0: not timed)
   MlaMode mla_mode = MlaMode::Auto;
@@ -72,7 +74,17 @@ Args parse(int argc, char** argv) {
     else if (k == "--input") a.input = std::stoi(v);
     else if (k == "--output") a.output = std::stoi(v);
     else if (k == "--kv-cache-dtype") a.kv_cache_dtype = v;
-    else if (k == "--prefill") a.prefill = v != "0";
+    else if (k == "--prefill") {
+      a.prefills.clear();
+      if (v == "1") a.prefills = {{1, 4096}, {8, 512}};
+      std::stringstream ss(v == "0" || v == "1" ? "" : v);
+      for (std::string x; std::getline(ss, x, ',');) {
+        int B = 0, L = 0;
+        MLA_CHECK(std::sscanf(x.c_str(), "%dx%d", &B, &L) == 2 && B > 0 && L > 0,
+                  "--prefill {}: want 0, 1 or BxL shapes (positive), comma-separated", v);
+        a.prefills.emplace_back(B, L);
+      }
+    }
     else if (k == "--mla-mode") {
       if (v == "auto") a.mla_mode = MlaMode::Auto;
       else if (v == "absorbed") a.mla_mode = MlaMode::Absorbed;
@@ -478,8 +490,7 @@ int run(const Args& a) {
 
   std::printf("\n| shape | mode | tok/s | ms/step | GB/s | of copy | TFLOP/s | of GEMM |\n|---|---|---|---|---|---|---|---|\n");
   // Prefill.
-  for (auto [B, len] : {std::pair{1, 4096}, std::pair{8, 512}}) {
-    if (!a.prefill) break;
+  for (auto [B, len] : a.prefills) {
     auto cache = allocate_kv_cache(be, c, B * len);
     const ForwardBatch pb = prefill_batch(B, len, len, rng, c.vocab_size);
     const float best = best_forward_ms(pb, cache, 3);
