@@ -89,7 +89,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8Gemm,
                                            Case{3, 2112, 7168, kSm90},   // fused q_a / kv_a
                                            Case{64, 512, 2048, kSm90},   // 64 x 256 tiles
                                            Case{128, 384, 1024, kSm90},  // 128 x 128 tiles
-                                           Case{100, 576, 1536, kSm90}));
+                                           Case{100, 576, 1536, kSm90},
+                                           Case{301, 640, 1024, kSm90},    // prefill rows, M % 4 != 0
+                                           Case{517, 384, 2048, kSm90}));  // 128-row tiles, a ragged last one
 
 // Decode rows from bf16 (the sm90 kernel quantizing them itself) against
 // quantize_fp8_act + the same kernel: identical bits.
@@ -137,9 +139,34 @@ TEST(Fp8LinearDispatch, OnHopperSplitKUpTo64RowsAndUpTo128ForWeightsUnder2To24Va
   EXPECT_EQ(Fp8Linear::path_for(66, 24576, 1536, true), Fp8GemmPath::Sm90SplitK) << "M not a multiple of 4";
   EXPECT_EQ(Fp8Linear::path_for(132, 24576, 1536, true), Fp8GemmPath::CublasLt);
   EXPECT_EQ(Fp8Linear::path_for(4, 100, 1024, true), Fp8GemmPath::OwnKernel) << "N not a multiple of 8";
+  EXPECT_EQ(Fp8Linear::path_for(4096, 7168, 16384, true), Fp8GemmPath::CublasLt);
+  EXPECT_EQ(Fp8Linear::path_for(4095, 7168, 16384, true), Fp8GemmPath::Sm90SplitK) << "M not a multiple of 4";
+  EXPECT_EQ(Fp8Linear::path_for(4097, 32768, 512, true), Fp8GemmPath::Sm90SplitK) << "kv_b, M % 4 != 0";
+  EXPECT_EQ(Fp8Linear::path_for(301, 100, 1024, true), Fp8GemmPath::OwnKernel) << "N not a multiple of 8";
   EXPECT_TRUE(Fp8Linear::quantizes_in_gemm(8, 576, 7168, true));
   EXPECT_FALSE(Fp8Linear::quantizes_in_gemm(9, 576, 7168, true));
   EXPECT_FALSE(Fp8Linear::quantizes_in_gemm(1, 576, 7168, false));
+}
+
+// Prefill rows that cuBLASLt's layout refuses (M % 4 != 0) run the wgmma
+// kernel through `run`, bit for bit as run_sm90.
+TEST(Fp8LinearDispatch, RowsNotAMultipleOfFourRunTheWgmmaKernelOnHopper) {
+  MLA_SKIP_WITHOUT_GPU();
+  if (!sm90_gemm_supported()) GTEST_SKIP() << "no compute capability 9.0 GPU present";
+  const int64_t m = 301, n = 640, k = 1024, ld = fp8_act_scale_ld(m);
+  std::mt19937 rng(23);
+  const HostFp8Weight w = random_fp8_weight(n, k, rng);
+  auto dx = upload(random_activations(m, k, rng)), dwq = upload(w.q), dws = upload(w.scale);
+  DeviceBuffer dxq(ld * k), dxs(ld * (k / 128) * 4), workspace(Fp8Linear::workspace_bytes(m, n, k));
+  quantize_fp8_act(dx.get<__nv_bfloat16>(), m, k, k, dxq.get<uint8_t>(), dxs.get<float>(), ld, nullptr);
+  auto out = poisoned(m * n * 2), out_ref = poisoned(m * n * 2);
+  Fp8Linear linear;
+  EXPECT_EQ(linear.run(dxq.get<uint8_t>(), dxs.get<float>(), ld, dwq.get<uint8_t>(), dws.get<float>(), m, n, k,
+                       out.get<__nv_bfloat16>(), workspace.get(), nullptr),
+            Fp8GemmPath::Sm90SplitK);
+  linear.run_sm90(dxq.get<uint8_t>(), dxs.get<float>(), ld, dwq.get<uint8_t>(), dws.get<float>(), m, n, k,
+                  out_ref.get<__nv_bfloat16>(), workspace.get(), nullptr);
+  EXPECT_EQ(download<uint16_t>(out, m * n), download<uint16_t>(out_ref, m * n));
 }
 
 TEST(Fp8LinearDispatch, RejectsKThatIsNotABlockMultiple) {

@@ -63,22 +63,31 @@ Sm90Fp8GemmParams sm90_params(const uint8_t* x_q, const float* x_scale, int64_t 
 // dense down {7168, 18432} 48-50 against 53-66, q_b and kv_b 2-10% less;
 // the split-K kernel kept q_a, kv_a and their fusion (8-13 us against cuBLASLt's
 // ~16 us floor), and shared down {7168, 2048} within 4%.
+// Above those rows, where cuBLASLt's layout rules fail (M not a multiple
+// of 4: three prefill batches in four), the wgmma kernel takes any M: the
+// portable mma.sync kernel was 12-16x slower than cuBLASLt at M = 4096 on
+// q_b, o_proj and the dense gate_up (H100, perf.md session 22), the wgmma
+// kernel 9-13%.
 Fp8GemmPath Fp8Linear::path_for(int64_t m, int64_t n, int64_t k, bool hopper) {
-  if (hopper && m <= kMaxSm90Rows && n % 8 == 0 && k % kFp8Group == 0) {
+  const bool sm90 = sm90_takes(n, k, hopper);
+  if (sm90 && m <= kMaxSm90Rows) {
     const bool cublaslt_faster = m > kMaxSm90RowsLargeWeights && n * k >= kLargeWeightValues &&
                                  Fp8CublasLtGemm::shape_allowed(m, n, k);
     if (!cublaslt_faster) return Fp8GemmPath::Sm90SplitK;
   }
-  return m > kMaxOwnKernelRows && Fp8CublasLtGemm::shape_allowed(m, n, k) ? Fp8GemmPath::CublasLt
-                                                                          : Fp8GemmPath::OwnKernel;
+  if (m > kMaxOwnKernelRows && Fp8CublasLtGemm::shape_allowed(m, n, k)) return Fp8GemmPath::CublasLt;
+  return sm90 ? Fp8GemmPath::Sm90SplitK : Fp8GemmPath::OwnKernel;
 }
+
+bool Fp8Linear::sm90_takes(int64_t n, int64_t k, bool hopper) { return hopper && n % 8 == 0 && k % kFp8Group == 0; }
 
 size_t Fp8Linear::workspace_bytes(int64_t m, int64_t n, int64_t k) {
   if (m == 0) return 0;
   const size_t own =
       plan_fp8_gemm(linear_params(nullptr, nullptr, fp8_act_scale_ld(m), nullptr, nullptr, m, n, k, nullptr))
           .workspace_bytes;
-  if (path_for(m, n, k, sm90_gemm_supported()) != Fp8GemmPath::Sm90SplitK) return own;
+  // The wgmma kernel also stands in where cuBLASLt, picked, has no algorithm.
+  if (!sm90_takes(n, k, sm90_gemm_supported())) return own;
   const Sm90Fp8GemmParams p = sm90_params(nullptr, nullptr, fp8_act_scale_ld(m), nullptr, nullptr, m, n, k, nullptr,
                                           nullptr);
   return std::max(own, fp8_gemm_sm90_workspace_bytes(p));
@@ -131,6 +140,10 @@ Fp8GemmPath Fp8Linear::run(const uint8_t* x_q, const float* x_scale, int64_t sca
   if (path == Fp8GemmPath::CublasLt &&
       run_cublaslt(x_q, x_scale, scale_ld, w, w_scale, m, n, k, out, stream))
     return Fp8GemmPath::CublasLt;
+  if (sm90_takes(n, k, hopper_)) {  // cuBLASLt had no algorithm, or the scales are not M apart
+    run_sm90(x_q, x_scale, scale_ld, w, w_scale, m, n, k, out, workspace, stream);
+    return Fp8GemmPath::Sm90SplitK;
+  }
   run_own_kernel(x_q, x_scale, scale_ld, w, w_scale, m, n, k, out, workspace, stream);
   return Fp8GemmPath::OwnKernel;
 }

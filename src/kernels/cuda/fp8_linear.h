@@ -10,8 +10,10 @@
 //     PFLOP/s at M = 4096; at 65-128 rows 10-30% faster than the split-K
 //     kernel on weights of 2^24 values and more, whose 128-row tiles then
 //     do twice the tensor work of 64-row ones for the same bytes);
-//   otherwise, or where cuBLASLt's layout rules fail -> our portable
-//     mma.sync kernel (fp8_gemm.h), which any GPU with e4m3 MMA runs.
+//   where cuBLASLt's layout rules fail (M not a multiple of 4) or it has no
+//     algorithm -> the wgmma kernel on Hopper (any M);
+//   otherwise -> our portable mma.sync kernel (fp8_gemm.h), which any GPU
+//     with e4m3 MMA runs.
 // The activations come from fp8_quant.h (scale_ld = fp8_act_scale_ld(M));
 // the weight scales are the checkpoint's {ceil(N/128), ceil(K/128)}.
 #include <cuda_bf16.h>
@@ -36,6 +38,8 @@ class Fp8Linear {
 
   // hopper: the device runs grouped_gemm_sm90's kernels.
   static Fp8GemmPath path_for(int64_t m, int64_t n, int64_t k, bool hopper);
+  // Whether the wgmma kernel takes this N and K (on Hopper).
+  static bool sm90_takes(int64_t n, int64_t k, bool hopper);
   // Workspace `run` needs for this shape: the split-K sums of the path it
   // takes, and of the portable kernel, its fallback where cuBLASLt has no
   // algorithm.
