@@ -34,6 +34,7 @@
 #include "kernels/cuda/moe_router.h"
 #include "kernels/cuda/moe_select.h"
 #include "kernels/cuda/random_fill.h"
+#include "kernels/cuda/sampling.h"
 #include "kernels/cuda/skinny_gemm.h"
 
 namespace mlaserve::cuda {
@@ -477,6 +478,36 @@ void BM_MoePerExpertCublas(benchmark::State& state) {
   moe_counters(state, s, m, 0);
 }
 
+// Next-token sampling over V3's vocabulary (129,280) from f32 logits,
+// N(0, 3) a word: one launch of sample_tokens for every row of the batch, as
+// the runtime runs it after each step. Args: rows, settings (0: greedy, 1:
+// temperature 0.7, 2: + top_p 0.95, 3: + top_k 50 and top_p 0.9, 4: +
+// min_p 0.05). Bytes: the logits read once.
+void BM_SampleTokens(benchmark::State& state) {
+  constexpr int64_t kVocab = 129280;
+  const int64_t rows = state.range(0);
+  const int settings = int(state.range(1));
+  std::mt19937 rng(41);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> host(size_t(rows * kVocab));
+  for (float& v : host) v = normal(rng);
+  DeviceBuffer logits = upload(host), ids(rows * 4);
+  std::vector<RowSamplingParams> params(static_cast<size_t>(rows));
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  for (RowSamplingParams& p : params) {
+    p.temperature = settings == 0 ? 0.0f : 0.7f;
+    p.top_p = settings == 2 ? 0.95f : settings == 3 ? 0.9f : 1.0f;
+    p.top_k = settings == 3 ? 50 : -1;
+    p.min_p = settings == 4 ? 0.05f : 0.0f;
+    p.uniform = uniform(rng);
+  }
+  DeviceBuffer dparams = upload(params);
+  const double s = run_timed(state, [&] {
+    sample_tokens(logits.get<float>(), rows, kVocab, dparams.get<RowSamplingParams>(), ids.get<int32_t>(), nullptr);
+  });
+  report(state, s, double(rows * kVocab) * 4, 0);
+}
+
 }  // namespace
 }  // namespace mlaserve::cuda
 
@@ -521,6 +552,7 @@ BENCHMARK(BM_MoeFused)
     ->ArgsProduct({{1, 4}, {2}, {1, 2, 4}, {2, 4, 8}})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
 BENCHMARK(BM_MoePerExpertCublas)->Arg(1)->Arg(64)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
+BENCHMARK(BM_SampleTokens)->ArgsProduct({{1, 8, 64}, {0, 1, 2, 3, 4}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.1);
 
 #endif  // MLASERVE_WITH_CUDA: without it there is nothing to benchmark
 

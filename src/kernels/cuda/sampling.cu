@@ -8,7 +8,7 @@
 namespace mlaserve::cuda {
 namespace {
 
-constexpr int kThreads = 512;  // per row; the sampler assumes blockDim.x == kThreads
+constexpr int kThreads = 1024;  // per row (512: top_p 28% slower, H100); the sampler assumes blockDim.x == kThreads
 
 __device__ __forceinline__ void better(float& v, int& i, float ov, int oi) {
   if (ov > v || (ov == v && oi < i)) {
@@ -76,13 +76,32 @@ __global__ void argmax_merge_kernel(const float2* partial, int slices, int32_t* 
   if (threadIdx.x == 0) ids[blockIdx.x] = idx;
 }
 
+// Calls f(i, logit) for every logit of the row, each thread taking float4
+// chunks a block apart (coalesced; rows start 16-byte aligned when vocab % 4
+// == 0, else one element at a time).
+template <typename F>
+__device__ __forceinline__ void for_each_logit(const float* row, int64_t vocab, F&& f) {
+  if (vocab % 4 == 0) {
+    const float4* row4 = reinterpret_cast<const float4*>(row);
+    for (int64_t c = threadIdx.x; c < vocab / 4; c += blockDim.x) {
+      const float4 v = row4[c];
+      f(4 * c, v.x);
+      f(4 * c + 1, v.y);
+      f(4 * c + 2, v.z);
+      f(4 * c + 3, v.w);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) f(i, row[i]);
+  }
+}
+
 // Block-wide argmax of a row (all threads get the result).
 __device__ int row_argmax(const float* row, int64_t vocab) {
   __shared__ float sv[kThreads / 32];
   __shared__ int si[kThreads / 32];
   float v = -INFINITY;
   int idx = 0x7fffffff;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) better(v, idx, row[i], int(i));
+  for_each_logit(row, vocab, [&](int64_t i, float l) { better(v, idx, l, int(i)); });
   for (int o = 16; o > 0; o >>= 1) better(v, idx, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, idx, o));
   if (threadIdx.x % 32 == 0) {
     sv[threadIdx.x / 32] = v;
@@ -96,57 +115,70 @@ __device__ int row_argmax(const float* row, int64_t vocab) {
   return idx;
 }
 
-__device__ float block_sum_f(float v) {
-  __shared__ float part[kThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
-  __syncthreads();
-  float s = 0.0f;
-  for (int w = 0; w < kThreads / 32; ++w) s += part[w];
-  return s;
-}
-
 // The weight's bits order like the weight (w >= 0): radix-select keys.
 __device__ __forceinline__ uint32_t weight_key(float w) { return __float_as_uint(w); }
 
+// Radix histograms: a copy per lane (lane l adds into copy l), so the lanes
+// of one atomic never collide on an address, and copies 257 words apart, so
+// lanes adding to the same bin fall in different banks. With one shared copy
+// the adds to a bin (a CAS loop each: f32 shared atomics have no native
+// add, nor u64 ones) took turns: 0.74 ms a row for top_p (H100, 129,280
+// words; perf.md session 22).
+constexpr int kBins = 256, kCopyPitch = kBins + 1;
+
 // Largest key K such that the elements with key >= K (among those with key >=
-// floor_key) carry at least `target` of count (by_mass false) or of weight.
-// Four passes of 8 bits, from the top byte; histograms in shared memory.
+// floor_key) carry at least `target` of count (by_mass false) or of weight
+// (by_mass true; target is then a share of the kept elements' total weight).
+// Four passes of 8 bits, from the top byte.
 __device__ uint32_t radix_select(const float* row, int64_t vocab, float max_l, float inv_t, uint32_t floor_key,
                                  float target, bool by_mass) {
-  __shared__ float hist[256];
+  __shared__ float hist[32 * kCopyPitch];
+  __shared__ float merged[kBins];
   __shared__ uint32_t s_prefix;
   __shared__ float s_target;
   if (threadIdx.x == 0) {
     s_prefix = 0;
     s_target = target;
   }
+  float* mine = hist + (threadIdx.x % 32) * kCopyPitch;
   for (int pass = 0; pass < 4; ++pass) {
     const int shift = 24 - 8 * pass;
     const uint32_t high_mask = pass ? ~0u << (shift + 8) : 0u;
-    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0.0f;
+    for (int b = threadIdx.x; b < 32 * kCopyPitch; b += blockDim.x) hist[b] = 0.0f;
     __syncthreads();
     const uint32_t prefix = s_prefix;
-    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-      const float w = __expf((row[i] - max_l) * inv_t);
+    for_each_logit(row, vocab, [&](int64_t, float l) {
+      const float w = __expf((l - max_l) * inv_t);
       const uint32_t key = weight_key(w);
-      if (key >= floor_key && (key & high_mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], by_mass ? w : 1.0f);
+      if (key >= floor_key && (key & high_mask) == prefix) atomicAdd(&mine[(key >> shift) & 255], by_mass ? w : 1.0f);
+    });
+    __syncthreads();
+    for (int b = threadIdx.x; b < kBins; b += blockDim.x) {
+      float sum = 0.0f;
+      for (int c = 0; c < 32; ++c) sum += hist[c * kCopyPitch + b];
+      merged[b] = sum;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
+      if (pass == 0 && by_mass) {  // the first pass sees every kept element
+        float total = 0.0f;
+        for (int b = 0; b < kBins; ++b) total += merged[b];
+        s_target *= total;
+      }
       float above = 0.0f;
       int b = 255;
       for (; b > 0; --b) {
-        if (above + hist[b] >= s_target) break;
-        above += hist[b];
+        if (above + merged[b] >= s_target) break;
+        above += merged[b];
       }
       s_target -= above;
       s_prefix = prefix | (uint32_t(b) << shift);
     }
     __syncthreads();
   }
-  return s_prefix;
+  const uint32_t selected = s_prefix;
+  __syncthreads();  // a second select resets s_prefix: every thread has read it first
+  return selected;
 }
 
 // One block a row: thresholds by radix select, then an inverse-CDF pick in
@@ -163,17 +195,10 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
   }
   const float max_l = row[argmax], inv_t = 1.0f / p.temperature;
   uint32_t floor_key = 0;
-  if (p.top_k > 0 && p.top_k < vocab) floor_key = radix_select(row, vocab, max_l, inv_t, 0, float(p.top_k), false);
+  if (p.top_k > 0 && p.top_k < vocab)
+    floor_key = radix_select(row, vocab, max_l, inv_t, 0, float(p.top_k), false);
   if (p.min_p > 0.0f) floor_key = max(floor_key, weight_key(p.min_p));
-  if (p.top_p < 1.0f) {
-    float mass = 0.0f;
-    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-      const float w = __expf((row[i] - max_l) * inv_t);
-      if (weight_key(w) >= floor_key) mass += w;
-    }
-    mass = block_sum_f(mass);
-    floor_key = radix_select(row, vocab, max_l, inv_t, floor_key, p.top_p * mass, true);
-  }
+  if (p.top_p < 1.0f) floor_key = radix_select(row, vocab, max_l, inv_t, floor_key, p.top_p, true);
   // Inverse CDF over the kept weights in vocabulary order: slice sums, an
   // exclusive scan of them, then the one slice holding the target walks it.
   const int64_t per = (vocab + blockDim.x - 1) / blockDim.x;
@@ -183,24 +208,34 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
     const float w = __expf((row[i] - max_l) * inv_t);
     if (weight_key(w) >= floor_key) local += w;
   }
-  __shared__ float start[kThreads];
+  // Exclusive scan of the slice sums: each warp's, then the warps' totals.
+  __shared__ float warp_start[kThreads / 32];
   __shared__ float s_total;
   __shared__ int s_choice;
-  start[threadIdx.x] = local;
+  static_assert(kThreads == 32 * 32, "one warp scans the warps' totals");
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float inclusive = local;
+  for (int o = 1; o < 32; o <<= 1) {
+    const float y = __shfl_up_sync(0xffffffffu, inclusive, o);
+    if (lane >= o) inclusive += y;
+  }
+  if (lane == 31) warp_start[warp] = inclusive;
   __syncthreads();
-  if (threadIdx.x == 0) {  // 1024 sequential adds: simpler than a scan, and exact slice bounds
-    float run = 0.0f;
-    for (int t = 0; t < int(blockDim.x); ++t) {
-      const float v = start[t];
-      start[t] = run;
-      run += v;
+  if (warp == 0) {
+    const float total = warp_start[lane];
+    float below = total;
+    for (int o = 1; o < 32; o <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, below, o);
+      if (lane >= o) below += y;
     }
-    s_total = run;
-    s_choice = argmax;  // if rounding puts the target past every slice: the top token, always kept
+    warp_start[lane] = below - total;
+    if (lane == 31) s_total = below;
+    // If rounding puts the target in no slice: the top token, always kept.
+    if (lane == 0) s_choice = argmax;
   }
   __syncthreads();
   const float target = p.uniform * s_total;
-  float run = start[threadIdx.x];
+  float run = warp_start[warp] + inclusive - local;
   if (local > 0.0f && run <= target && target < run + local) {
     int64_t last_kept = begin;
     for (int64_t i = begin; i < end; ++i) {
