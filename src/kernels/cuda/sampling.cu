@@ -159,20 +159,33 @@ __device__ uint32_t radix_select(const float* row, int64_t vocab, float max_l, f
       merged[b] = sum;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      if (pass == 0 && by_mass) {  // the first pass sees every kept element
-        float total = 0.0f;
-        for (int b = 0; b < kBins; ++b) total += merged[b];
-        s_target *= total;
+    if (threadIdx.x < 32) {
+      // The highest bin b whose count / weight from the top reaches the
+      // target: lane l holds bins 8l .. 8l + 7; a suffix scan over the lanes,
+      // then the lane where it crosses walks its 8 bins.
+      const int lane = threadIdx.x;
+      float bins[8], group = 0.0f;
+      for (int j = 0; j < 8; ++j) group += (bins[j] = merged[8 * lane + j]);
+      float from_top = group;  // this lane's bins and every higher lane's
+      for (int o = 1; o < 32; o <<= 1) {
+        const float y = __shfl_down_sync(0xffffffffu, from_top, o);
+        if (lane + o < 32) from_top += y;
       }
-      float above = 0.0f;
-      int b = 255;
-      for (; b > 0; --b) {
-        if (above + merged[b] >= s_target) break;
-        above += merged[b];
+      float target = s_target;
+      if (pass == 0 && by_mass) target *= __shfl_sync(0xffffffffu, from_top, 0);  // the first pass sees all kept
+      const float higher = __shfl_down_sync(0xffffffffu, from_top, 1);
+      const float above_lane = lane < 31 ? higher : 0.0f;  // the higher lanes' bins
+      // The crossing lane: the highest whose suffix reaches the target (lane 0,
+      // ending at bin 0, if none does, as a walk down from bin 255 would).
+      const unsigned reach = __ballot_sync(0xffffffffu, from_top >= target);
+      const int cross = reach ? 31 - __clz(reach) : 0;
+      if (lane == cross) {
+        float above = above_lane;
+        int j = 7;
+        while (j > 0 && above + bins[j] < target) above += bins[j--];
+        s_target = target - above;
+        s_prefix = prefix | (uint32_t(8 * lane + j) << shift);
       }
-      s_target -= above;
-      s_prefix = prefix | (uint32_t(b) << shift);
     }
     __syncthreads();
   }
