@@ -18,14 +18,12 @@
 
 namespace {
 
+// 32 bits of splitmix64 of (seed, i): a counter-based draw.
 __device__ unsigned hash(size_t i, unsigned seed) {
-  unsigned x = unsigned(i) ^ unsigned(i >> 32) * 0x9e3779b9u ^ seed * 0x85ebca6bu;
-  x ^= x >> 16;
-  x *= 0x7feb352du;
-  x ^= x >> 15;
-  x *= 0x846ca68bu;
-  x ^= x >> 16;
-  return x;
+  unsigned long long z = (static_cast<unsigned long long>(seed) << 40) + i + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return static_cast<unsigned>((z ^ (z >> 31)) >> 32);
 }
 
 __global__ void fill_e4m3(unsigned char* p, size_t n, int data, unsigned seed) {
