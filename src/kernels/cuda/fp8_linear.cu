@@ -67,7 +67,7 @@ Sm90Fp8GemmParams sm90_params(const uint8_t* x_q, const float* x_scale, int64_t 
 // of 4: three prefill batches in four), the wgmma kernel takes any M: the
 // portable mma.sync kernel was 12-16x slower than cuBLASLt at M = 4096 on
 // q_b, o_proj and the dense gate_up (H100, perf.md session 22), the wgmma
-// kernel 9-13%.
+// kernel 9-13% slower.
 Fp8GemmPath Fp8Linear::path_for(int64_t m, int64_t n, int64_t k, bool hopper) {
   const bool sm90 = sm90_takes(n, k, hopper);
   if (sm90 && m <= kMaxSm90Rows) {

@@ -41,8 +41,8 @@ class Fp8Linear {
   // Whether the wgmma kernel takes this N and K (on Hopper).
   static bool sm90_takes(int64_t n, int64_t k, bool hopper);
   // Workspace `run` needs for this shape: the split-K sums of the path it
-  // takes, and of the portable kernel, its fallback where cuBLASLt has no
-  // algorithm.
+  // takes and of its fallback where cuBLASLt has no algorithm (the wgmma
+  // kernel on Hopper, else the portable kernel).
   static size_t workspace_bytes(int64_t m, int64_t n, int64_t k);
 
   // Returns the path taken. x_scale[kb * scale_ld + r]; w_scale[nb * ceil(K/128) + kb].
