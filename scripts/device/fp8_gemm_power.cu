@@ -5,7 +5,7 @@
 // Build here, run on the GPU machine (carry the folder it is built into):
 //   nvcc -O3 -arch=sm_90a -o .device-x/fp8_gemm_power scripts/device/fp8_gemm_power.cu -lcublasLt
 //   .device-x/fp8_gemm_power <data> <n> <k> <seconds>
-// with data 0: zeros, 1: bytes & 0x77 (sign and top mantissa bit clear),
+// with data 0: zeros, 1: bytes & 0x77 (sign and lowest exponent bit clear),
 // 2: uniform bytes (NaN codes nudged), 3: N(0, 1) x 112 rounded to e4m3
 // (4 sigma at 448, as make-model's block-quantized weights). Sample
 // `nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv -lms 100` beside it.
