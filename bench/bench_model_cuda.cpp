@@ -49,6 +49,8 @@
 namespace mlaserve::cuda {
 namespace {
 
+const std::vector<std::pair<int, int>> kDefaultPrefills = {{1, 4096}, {8, 512}};  // {B, L}
+
 struct Args {
   std::filesystem::path dir = "/tmp/mlaserve_bench_v2lite";
   std::string preset = "v2-lite";
@@ -57,7 +59,7 @@ struct Args {
   std::vector<int> batches = {1, 8, 64};
   int input = 512, output = 128;
   std::string kv_cache_dtype = "auto";  // the decode runs' latent cache: auto (bf16) or fp8_e4m3
-  std::vector<std::pair<int, int>> prefills = {{1, 4096}, {8, 512}};  // {B, L} prefills timed
+  std::vector<std::pair<int, int>> prefills = kDefaultPrefills;  // {B, L} prefills timed
   int extend_batch = 0, extend_prefix = 0, extend_new = 0;  // --extend B,P,N (0: not timed)
   int mixed_decode = 0, mixed_context = 0, mixed_prompt = 0;  // --mixed D,C,P (0: not timed)
   MlaMode mla_mode = MlaMode::Auto;
@@ -76,8 +78,8 @@ Args parse(int argc, char** argv) {
     else if (k == "--kv-cache-dtype") a.kv_cache_dtype = v;
     else if (k == "--prefill") {
       a.prefills.clear();
-      if (v == "1") a.prefills = {{1, 4096}, {8, 512}};
-      std::stringstream ss(v == "0" || v == "1" ? "" : v);
+      if (v == "1") a.prefills = kDefaultPrefills;
+      std::stringstream ss(v == "0" || v == "1" ? "" : v);  // otherwise BxL shapes
       for (std::string x; std::getline(ss, x, ',');) {
         int B = 0, L = 0;
         MLA_CHECK(std::sscanf(x.c_str(), "%dx%d", &B, &L) == 2 && B > 0 && L > 0,
