@@ -55,56 +55,76 @@ HostPlan plan(const std::vector<float>& l, const RowSamplingParams& p, double to
   return h;
 }
 
-TEST(Sampling, GreedyAndFilteredDrawsFollowTheSemantics) {
+// Row counts 1, 6, 30, 36 and 140 (36 rows repeated) take every CTA count a
+// row the sampler picks on a 132-SM Hopper (8, 8, 4, 2, 1).
+TEST(Sampling, GreedyAndFilteredDrawsFollowTheSemanticsAtEveryRowCount) {
   MLA_SKIP_WITHOUT_GPU();
   std::mt19937 rng(42);
   std::uniform_real_distribution<float> uni(0.0f, 1.0f);
   const std::vector<RowSamplingParams> cases = {
-      {0.0f, -1, 1.0f, 0.0f, 0.5f},     // greedy
+      {1.0f, 200, 0.8f, 0.01f, 0.0f},   // all three (the one-row run's)
       {0.7f, 50, 1.0f, 0.0f, 0.0f},     // top-k
       {1.0f, -1, 0.9f, 0.0f, 0.0f},     // top-p
       {1.3f, -1, 1.0f, 0.05f, 0.0f},    // min-p
-      {1.0f, 200, 0.8f, 0.01f, 0.0f},   // all three
+      {0.0f, -1, 1.0f, 0.0f, 0.5f},     // greedy
       {1.0f, -1, 1.0f, 0.0f, 0.0f},     // temperature only, whole vocabulary
   };
   constexpr int kRowsPerCase = 6;
   std::vector<RowSamplingParams> params;
   std::vector<float> logits;
-  for (const auto& c : cases)
-    for (int r = 0; r < kRowsPerCase; ++r) {
+  for (int r = 0; r < kRowsPerCase; ++r)
+    for (const auto& c : cases) {
       RowSamplingParams p = c;
       p.uniform = uni(rng) * 0.999f;
       params.push_back(p);
       const auto l = grid_logits(rng);
       logits.insert(logits.end(), l.begin(), l.end());
     }
-  const int64_t rows = int64_t(params.size());
-  auto dl = upload(logits), dp = upload(params);
-  auto dids = poisoned(rows * 4);
-  sample_tokens(dl.get<float>(), rows, kVocab, dp.get<RowSamplingParams>(), dids.get<int32_t>(), nullptr);
-  const auto ids = download<int32_t>(dids, rows);
-  for (int64_t r = 0; r < rows; ++r) {
+  const int64_t unique = int64_t(params.size());
+  // Per unique row: the argmax, and the kept threshold with the top-p
+  // boundary allowed to move by 0.1% of the mass (f32 sums), and exactly.
+  std::vector<int64_t> argmax(unique);
+  std::vector<HostPlan> loose(unique), exact(unique);
+  for (int64_t r = 0; r < unique; ++r) {
     const std::vector<float> l(logits.begin() + r * kVocab, logits.begin() + (r + 1) * kVocab);
-    const RowSamplingParams& p = params[r];
-    ASSERT_GE(ids[r], 0) << "row " << r;
-    ASSERT_LT(ids[r], kVocab) << "row " << r;
-    if (p.temperature < 1e-5f) {
-      EXPECT_EQ(ids[r], std::max_element(l.begin(), l.end()) - l.begin());
-      continue;
+    argmax[r] = std::max_element(l.begin(), l.end()) - l.begin();
+    if (params[r].temperature < 1e-5f) continue;
+    loose[r] = plan(l, params[r], 1e-3);
+    exact[r] = plan(l, params[r], 0.0);
+  }
+  for (const int64_t rows : {int64_t(1), int64_t(6), int64_t(30), unique, int64_t(140)}) {
+    std::vector<RowSamplingParams> run_params;
+    std::vector<float> run_logits;
+    for (int64_t r = 0; r < rows; ++r) {
+      run_params.push_back(params[r % unique]);
+      run_logits.insert(run_logits.end(), logits.begin() + (r % unique) * kVocab,
+                        logits.begin() + (r % unique + 1) * kVocab);
     }
-    // Kept: allow the top-p boundary to move by 0.1% of the mass (f32 sums).
-    const HostPlan loose = plan(l, p, 1e-3);
-    EXPECT_GE(loose.w[ids[r]], loose.threshold * (1 - 1e-5)) << "row " << r << " picked a filtered token";
-    const HostPlan exact = plan(l, p, 0.0);
-    double total = 0, before = 0;
-    for (int64_t i = 0; i < kVocab; ++i) {
-      if (exact.w[i] < exact.threshold) continue;
-      if (i < ids[r]) before += exact.w[i];
-      total += exact.w[i];
+    auto dl = upload(run_logits), dp = upload(run_params);
+    auto dids = poisoned(rows * 4);
+    sample_tokens(dl.get<float>(), rows, kVocab, dp.get<RowSamplingParams>(), dids.get<int32_t>(), nullptr);
+    const auto ids = download<int32_t>(dids, rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t u = r % unique;
+      const RowSamplingParams& p = params[u];
+      ASSERT_GE(ids[r], 0) << rows << " rows, row " << r;
+      ASSERT_LT(ids[r], kVocab) << rows << " rows, row " << r;
+      if (p.temperature < 1e-5f) {
+        EXPECT_EQ(ids[r], argmax[u]) << rows << " rows, row " << r;
+        continue;
+      }
+      EXPECT_GE(loose[u].w[ids[r]], loose[u].threshold * (1 - 1e-5)) << rows << " rows, row " << r
+                                                                      << " picked a filtered token";
+      double total = 0, before = 0;
+      for (int64_t i = 0; i < kVocab; ++i) {
+        if (exact[u].w[i] < exact[u].threshold) continue;
+        if (i < ids[r]) before += exact[u].w[i];
+        total += exact[u].w[i];
+      }
+      const double target = p.uniform * total, after = before + exact[u].w[ids[r]], tol = 2e-3 * total;
+      EXPECT_LE(before - tol, target) << rows << " rows, row " << r;
+      EXPECT_GE(after + tol, target) << rows << " rows, row " << r;
     }
-    const double target = p.uniform * total, after = before + exact.w[ids[r]], tol = 2e-3 * total;
-    EXPECT_LE(before - tol, target) << "row " << r;
-    EXPECT_GE(after + tol, target) << "row " << r;
   }
 }
 

@@ -1,5 +1,7 @@
 #include "kernels/cuda/sampling.h"
 
+#include <cooperative_groups.h>
+
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/pdl.cuh"
 
@@ -8,7 +10,7 @@
 namespace mlaserve::cuda {
 namespace {
 
-// Threads a row (with 512, top_p took 38% longer, H100); the sampler assumes
+// Threads a CTA (one CTA a row with 512 took 38% longer on top_p, H100); the sampler assumes
 // blockDim.x == kThreads.
 constexpr int kThreads = 1024;
 
@@ -78,14 +80,44 @@ __global__ void argmax_merge_kernel(const float2* partial, int slices, int32_t* 
   if (threadIdx.x == 0) ids[blockIdx.x] = idx;
 }
 
-// Calls f(i, logit) for every logit of the row, each thread taking float4
-// chunks a block apart (coalesced; rows start 16-byte aligned when vocab % 4
-// == 0, else one element at a time).
+// A row's CTAs: a cluster of kRanks (Hopper) each taking a slice of the
+// vocabulary, exchanging histograms and totals through distributed shared
+// memory; one CTA (kRanks 1) elsewhere. One CTA a row spent ~130 us on top_p
+// over V3's vocabulary (H200, perf.md session 22), bound by its own passes.
+template <int kRanks>
+struct RowCluster {
+  int rank = 0;
+  int64_t begin = 0, end = 0;  // this CTA's slice of the row
+
+  __device__ RowCluster(int64_t vocab) {
+    if constexpr (kRanks > 1) rank = int(cooperative_groups::this_cluster().block_rank());
+    // Slices of a multiple of 4 words keep float4 reads aligned.
+    const int64_t per = ((vocab + kRanks - 1) / kRanks + 3) / 4 * 4;
+    begin = min(vocab, rank * per);
+    end = min(vocab, begin + per);
+  }
+  // Every thread of every CTA of the row; shared writes before are visible to
+  // the others' reads after.
+  __device__ void sync() const {
+    if constexpr (kRanks > 1) cooperative_groups::this_cluster().sync();
+    else __syncthreads();
+  }
+  // Rank r's copy of the shared variable p.
+  template <typename T>
+  __device__ T* at(T* p, int r) const {
+    if constexpr (kRanks > 1) return cooperative_groups::this_cluster().map_shared_rank(p, r);
+    else return p;
+  }
+};
+
+// Calls f(i, logit) for every logit of [begin, end), each thread taking
+// float4 chunks a block apart (coalesced; begin is a multiple of 4 and rows
+// start 16-byte aligned when vocab % 4 == 0, else one element at a time).
 template <typename F>
-__device__ __forceinline__ void for_each_logit(const float* row, int64_t vocab, F&& f) {
+__device__ __forceinline__ void for_each_logit(const float* row, int64_t vocab, int64_t begin, int64_t end, F&& f) {
   if (vocab % 4 == 0) {
     const float4* row4 = reinterpret_cast<const float4*>(row);
-    for (int64_t c = threadIdx.x; c < vocab / 4; c += blockDim.x) {
+    for (int64_t c = begin / 4 + threadIdx.x; c < end / 4; c += blockDim.x) {
       const float4 v = row4[c];
       f(4 * c, v.x);
       f(4 * c + 1, v.y);
@@ -93,27 +125,37 @@ __device__ __forceinline__ void for_each_logit(const float* row, int64_t vocab, 
       f(4 * c + 3, v.w);
     }
   } else {
-    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) f(i, row[i]);
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) f(i, row[i]);
   }
 }
 
-// Block-wide argmax of a row (all threads get the result).
-__device__ int row_argmax(const float* row, int64_t vocab) {
+// Argmax of the row (all threads of every CTA get the result).
+template <int kRanks>
+__device__ int row_argmax(const float* row, int64_t vocab, const RowCluster<kRanks>& rc) {
   __shared__ float sv[kThreads / 32];
   __shared__ int si[kThreads / 32];
+  __shared__ float cta_v;
+  __shared__ int cta_i;
   float v = -INFINITY;
   int idx = 0x7fffffff;
-  for_each_logit(row, vocab, [&](int64_t i, float l) { better(v, idx, l, int(i)); });
+  for_each_logit(row, vocab, rc.begin, rc.end, [&](int64_t i, float l) { better(v, idx, l, int(i)); });
   for (int o = 16; o > 0; o >>= 1) better(v, idx, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, idx, o));
   if (threadIdx.x % 32 == 0) {
     sv[threadIdx.x / 32] = v;
     si[threadIdx.x / 32] = idx;
   }
   __syncthreads();
-  v = sv[0];
-  idx = si[0];
-  for (int w = 1; w < kThreads / 32; ++w) better(v, idx, sv[w], si[w]);
-  __syncthreads();
+  if (threadIdx.x == 0) {
+    v = sv[0];
+    idx = si[0];
+    for (int w = 1; w < kThreads / 32; ++w) better(v, idx, sv[w], si[w]);
+    cta_v = v;
+    cta_i = idx;
+  }
+  rc.sync();
+  v = *rc.at(&cta_v, 0);
+  idx = *rc.at(&cta_i, 0);
+  for (int r = 1; r < kRanks; ++r) better(v, idx, *rc.at(&cta_v, r), *rc.at(&cta_i, r));
   return idx;
 }
 
@@ -131,11 +173,17 @@ constexpr int kBins = 256, kCopyPitch = kBins + 1;
 // Largest key K such that the elements with key >= K (among those with key >=
 // floor_key) carry at least `target` of count (by_mass false) or of weight
 // (by_mass true; target is then a share of the kept elements' total weight).
-// Four passes of 8 bits, from the top byte.
-__device__ uint32_t radix_select(const float* row, int64_t vocab, float max_l, float inv_t, uint32_t floor_key,
-                                 float target, bool by_mass) {
+// Four passes of 8 bits, from the top byte; each CTA histograms its slice,
+// then every CTA adds all the CTAs' histograms in rank order and walks the
+// same bins (so all pick the same key). A pass's histogram is in one of two
+// buffers by parity: the other CTAs read it between this pass's cluster sync
+// and the next one, before it is written again.
+template <int kRanks>
+__device__ uint32_t radix_select(const float* row, int64_t vocab, const RowCluster<kRanks>& rc, float max_l,
+                                 float inv_t, uint32_t floor_key, float target, bool by_mass) {
   __shared__ float hist[32 * kCopyPitch];
-  __shared__ float merged[kBins];
+  __shared__ float merged[2][kBins];
+  __shared__ float total[kBins];
   __shared__ uint32_t s_prefix;
   __shared__ float s_target;
   if (threadIdx.x == 0) {
@@ -149,16 +197,23 @@ __device__ uint32_t radix_select(const float* row, int64_t vocab, float max_l, f
     for (int b = threadIdx.x; b < 32 * kCopyPitch; b += blockDim.x) hist[b] = 0.0f;
     __syncthreads();
     const uint32_t prefix = s_prefix;
-    for_each_logit(row, vocab, [&](int64_t, float l) {
+    for_each_logit(row, vocab, rc.begin, rc.end, [&](int64_t, float l) {
       const float w = __expf((l - max_l) * inv_t);
       const uint32_t key = weight_key(w);
       if (key >= floor_key && (key & high_mask) == prefix) atomicAdd(&mine[(key >> shift) & 255], by_mass ? w : 1.0f);
     });
     __syncthreads();
+    float* own = merged[pass % 2];
     for (int b = threadIdx.x; b < kBins; b += blockDim.x) {
       float sum = 0.0f;
       for (int c = 0; c < 32; ++c) sum += hist[c * kCopyPitch + b];
-      merged[b] = sum;
+      own[b] = sum;
+    }
+    rc.sync();
+    for (int b = threadIdx.x; b < kBins; b += blockDim.x) {
+      float sum = 0.0f;
+      for (int r = 0; r < kRanks; ++r) sum += rc.at(own, r)[b];
+      total[b] = sum;
     }
     __syncthreads();
     if (threadIdx.x < 32) {
@@ -167,7 +222,7 @@ __device__ uint32_t radix_select(const float* row, int64_t vocab, float max_l, f
       // then the lane where it crosses walks its 8 bins.
       const int lane = threadIdx.x;
       float bins[8], group = 0.0f;
-      for (int j = 0; j < 8; ++j) group += (bins[j] = merged[8 * lane + j]);
+      for (int j = 0; j < 8; ++j) group += (bins[j] = total[8 * lane + j]);
       float from_top = group;  // this lane's bins and every higher lane's
       for (int o = 1; o < 32; o <<= 1) {
         const float y = __shfl_down_sync(0xffffffffu, from_top, o);
@@ -196,28 +251,33 @@ __device__ uint32_t radix_select(const float* row, int64_t vocab, float max_l, f
   return selected;
 }
 
-// One block a row: thresholds by radix select, then an inverse-CDF pick in
-// vocabulary order (each thread scans a contiguous slice).
+// A row's CTAs (blockIdx.y the row): thresholds by radix select, then an
+// inverse-CDF pick in vocabulary order (each thread scans a contiguous part
+// of its CTA's slice; the CTAs' totals place each slice).
+template <int kRanks>
 __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, int64_t vocab,
                                                           const RowSamplingParams* params, int32_t* ids) {
   pdl_enter();
-  const float* row = logits + blockIdx.x * vocab;
-  const RowSamplingParams p = params[blockIdx.x];
-  const int argmax = row_argmax(row, vocab);
+  const RowCluster<kRanks> rc(vocab);
+  const float* row = logits + blockIdx.y * vocab;
+  const RowSamplingParams p = params[blockIdx.y];
+  const int argmax = row_argmax(row, vocab, rc);
+  __shared__ float cta_total;
   if (p.temperature < 1e-5f || p.top_k == 1) {
-    if (threadIdx.x == 0) ids[blockIdx.x] = argmax;
+    if (rc.rank == 0 && threadIdx.x == 0) ids[blockIdx.y] = argmax;
+    rc.sync();  // no CTA leaves while another may read its shared memory
     return;
   }
   const float max_l = row[argmax], inv_t = 1.0f / p.temperature;
   uint32_t floor_key = 0;
   if (p.top_k > 0 && p.top_k < vocab)
-    floor_key = radix_select(row, vocab, max_l, inv_t, 0, float(p.top_k), false);
+    floor_key = radix_select(row, vocab, rc, max_l, inv_t, 0, float(p.top_k), false);
   if (p.min_p > 0.0f) floor_key = max(floor_key, weight_key(p.min_p));
-  if (p.top_p < 1.0f) floor_key = radix_select(row, vocab, max_l, inv_t, floor_key, p.top_p, true);
+  if (p.top_p < 1.0f) floor_key = radix_select(row, vocab, rc, max_l, inv_t, floor_key, p.top_p, true);
   // Inverse CDF over the kept weights in vocabulary order: slice sums, an
   // exclusive scan of them, then the one slice holding the target walks it.
-  const int64_t per = (vocab + blockDim.x - 1) / blockDim.x;
-  const int64_t begin = min(vocab, int64_t(threadIdx.x) * per), end = min(vocab, begin + per);
+  const int64_t per = (rc.end - rc.begin + blockDim.x - 1) / blockDim.x;
+  const int64_t begin = min(rc.end, rc.begin + int64_t(threadIdx.x) * per), end = min(rc.end, begin + per);
   float local = 0.0f;
   for (int64_t i = begin; i < end; ++i) {
     const float w = __expf((row[i] - max_l) * inv_t);
@@ -225,7 +285,6 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
   }
   // Exclusive scan of the slice sums: each warp's, then the warps' totals.
   __shared__ float warp_start[kThreads / 32];
-  __shared__ float s_total;
   __shared__ int s_choice;
   static_assert(kThreads == 32 * 32, "one warp scans the warps' totals");
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -244,14 +303,24 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
       if (lane >= o) below += y;
     }
     warp_start[lane] = below - total;
-    if (lane == 31) s_total = below;
+    if (lane == 31) cta_total = below;
     // If rounding puts the target in no slice: the top token, always kept.
     if (lane == 0) s_choice = argmax;
   }
-  __syncthreads();
-  const float target = p.uniform * s_total;
-  float run = warp_start[warp] + inclusive - local;
-  if (local > 0.0f && run <= target && target < run + local) {
+  rc.sync();
+  // The CTAs' totals in rank order place this CTA's slice; the CTA holding
+  // the target picks (rank 0 takes the top token if rounding left it past
+  // every slice).
+  float grand = 0.0f, offset = 0.0f;
+  for (int r = 0; r < kRanks; ++r) {
+    const float t = *rc.at(&cta_total, r);
+    if (r < rc.rank) offset += t;
+    grand += t;
+  }
+  const float mine = cta_total, target = p.uniform * grand;
+  const bool holds = mine > 0.0f && offset <= target && target < offset + mine;
+  float run = offset + warp_start[warp] + inclusive - local;
+  if (holds && local > 0.0f && run <= target && target < run + local) {
     int64_t last_kept = begin;
     for (int64_t i = begin; i < end; ++i) {
       const float w = __expf((row[i] - max_l) * inv_t);
@@ -263,7 +332,46 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
     s_choice = int(last_kept);
   }
   __syncthreads();
-  if (threadIdx.x == 0) ids[blockIdx.x] = s_choice;
+  if (threadIdx.x == 0 && (holds || (rc.rank == 0 && target >= grand))) ids[blockIdx.y] = s_choice;
+  rc.sync();  // no CTA leaves while another may read its shared memory
+}
+
+// CTAs a row: on Hopper the largest cluster (a power of two up to 8, the
+// portable maximum) that keeps every row's CTAs on an SM of their own;
+// elsewhere one. Measured (H100, V3 vocabulary, perf.md session 23): 8 CTAs
+// a row take top_p from 131 to 40 us for one row, while 64 rows of 8 (two
+// waves of 1024-thread CTAs) ran no faster than 64 single CTAs.
+int ranks_for(int64_t rows) {
+  static const int sms = [] {
+    int device = 0, major = 0, count = 0;
+    const bool ok = cudaGetDevice(&device) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) == cudaSuccess;
+    return ok && major >= 9 ? count : 0;
+  }();
+  int ranks = 8;
+  while (ranks > 1 && rows * ranks > sms) ranks /= 2;
+  return ranks;
+}
+
+template <int kRanks>
+void launch_sample(const float* logits, int64_t rows, int64_t vocab, const RowSamplingParams* params, int32_t* ids,
+                   cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(kRanks, unsigned(rows));
+  config.blockDim = kThreads;
+  config.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = kRanks;
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = kRanks > 1 ? 2 : 1;
+  MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, sample_kernel<kRanks>, logits, vocab, params, ids), "sample_tokens");
+  check_launch("sample_tokens");
 }
 
 }  // namespace
@@ -290,8 +398,17 @@ void sample_tokens(const float* logits, int64_t rows, int64_t vocab, const RowSa
                    cudaStream_t stream) {
   if (rows == 0) return;
   MLA_CUDA_REQUIRE(vocab > 0 && vocab < (int64_t(1) << 31), "sample_tokens: vocabulary of " + std::to_string(vocab));
-  launch_dependent(sample_kernel, unsigned(rows), kThreads, 0, stream, logits, vocab, params, ids);
-  check_launch("sample_tokens");
+  MLA_CUDA_REQUIRE(rows < 65536, "sample_tokens: " + std::to_string(rows) + " rows");
+  switch (ranks_for(rows)) {
+    case 8:
+      return launch_sample<8>(logits, rows, vocab, params, ids, stream);
+    case 4:
+      return launch_sample<4>(logits, rows, vocab, params, ids, stream);
+    case 2:
+      return launch_sample<2>(logits, rows, vocab, params, ids, stream);
+    default:
+      return launch_sample<1>(logits, rows, vocab, params, ids, stream);
+  }
 }
 
 }  // namespace mlaserve::cuda
