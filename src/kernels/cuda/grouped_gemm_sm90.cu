@@ -951,31 +951,18 @@ void launch_gemm(const CUtensorMap& map_a, const CUtensorMap& map_w, const CUten
     if (grid <= 0) return;
     launch_dependent(kernel, dim3(grid), dim3(threads_of<T>()), smem, stream, map_a, map_w, map_a_scale, args);
   } else {
-    cudaLaunchConfig_t config = {};
-    config.blockDim = dim3(threads_of<T>());
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
-    attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = kCluster;
-    attr[1].val.clusterDim.y = 1;
-    attr[1].val.clusterDim.z = 1;
-    config.attrs = attr;
-    config.numAttrs = 2;
+    DependentLaunchConfig config(dim3(kCluster * sm_count()), dim3(threads_of<T>()), smem, stream, kCluster);
     // The grid is persistent: only as many pairs as fit on the GPU at once
     // (the GPCs' SM counts, not the SM count, bound them).
     static const int resident_pairs = [&] {
-      config.gridDim = dim3(kCluster * sm_count());
       int clusters = 0;
-      MLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config), op);
+      MLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, config.get()), op);
       return std::max(clusters, 1);
     }();
     const int grid = kCluster * std::min(resident_pairs, max_units);
     if (grid <= 0) return;
-    config.gridDim = dim3(grid);
-    MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, map_a, map_w, map_a_scale, args), op);
+    config.get()->gridDim = dim3(grid);
+    MLA_CUDA_CHECK(cudaLaunchKernelEx(config.get(), kernel, map_a, map_w, map_a_scale, args), op);
   }
   check_launch(op);
 }

@@ -43,20 +43,39 @@ __device__ __forceinline__ void pdl_enter() {
   pdl_wait();
 }
 
+// cudaLaunchKernelEx's configuration for a programmatic dependent launch,
+// in clusters of `cluster` CTAs along x when cluster > 1. Not copyable: the
+// configuration points at its own attributes.
+class DependentLaunchConfig {
+ public:
+  DependentLaunchConfig(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, unsigned cluster = 1) {
+    config_.gridDim = grid;
+    config_.blockDim = block;
+    config_.dynamicSmemBytes = smem;
+    config_.stream = stream;
+    attrs_[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs_[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+    attrs_[1].id = cudaLaunchAttributeClusterDimension;
+    attrs_[1].val.clusterDim.x = cluster;
+    attrs_[1].val.clusterDim.y = 1;
+    attrs_[1].val.clusterDim.z = 1;
+    config_.attrs = attrs_;
+    config_.numAttrs = cluster > 1 ? 2 : 1;
+  }
+  DependentLaunchConfig(const DependentLaunchConfig&) = delete;
+  DependentLaunchConfig& operator=(const DependentLaunchConfig&) = delete;
+  cudaLaunchConfig_t* get() { return &config_; }
+
+ private:
+  cudaLaunchConfig_t config_ = {};
+  cudaLaunchAttribute attrs_[2] = {};
+};
+
 template <typename... Params, typename... Args>
 void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                       Args&&... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  DependentLaunchConfig config(grid, block, smem, stream);
+  cudaLaunchKernelEx(config.get(), kernel, std::forward<Args>(args)...);
 }
 
 }  // namespace mlaserve::cuda

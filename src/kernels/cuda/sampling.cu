@@ -357,20 +357,9 @@ int ranks_for(int64_t rows) {
 template <int kRanks>
 void launch_sample(const float* logits, int64_t rows, int64_t vocab, const RowSamplingParams* params, int32_t* ids,
                    cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(kRanks, unsigned(rows));
-  config.blockDim = kThreads;
-  config.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
-  attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = kRanks;
-  attr[1].val.clusterDim.y = 1;
-  attr[1].val.clusterDim.z = 1;
-  config.attrs = attr;
-  config.numAttrs = kRanks > 1 ? 2 : 1;
-  MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, sample_kernel<kRanks>, logits, vocab, params, ids), "sample_tokens");
+  DependentLaunchConfig config(dim3(kRanks, unsigned(rows)), kThreads, 0, stream, kRanks);
+  MLA_CUDA_CHECK(cudaLaunchKernelEx(config.get(), sample_kernel<kRanks>, logits, vocab, params, ids),
+                 "sample_tokens");
   check_launch("sample_tokens");
 }
 
