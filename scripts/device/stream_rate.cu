@@ -2,14 +2,14 @@
 // streams weights: plain 16-byte loads (each thread `depth` in flight, grid
 // stride, 1 to 8 blocks an SM), and a ring of shared-memory stages filled by
 // one thread's bulk copies (cp.async.bulk on mbarriers, one block an SM). Each
-// launch reads `mb` MB; launches rotate over six such regions so that L2
+// launch reads `mib` MiB; launches rotate over six such regions so that L2
 // holds none of the next one. Prints us a launch and GB/s (best of 5 runs of
-// 20 launches). The rate a bs-1 MoE layer's weights (v2-lite: 138 MB) could
-// stream at, beside the copy rate of bench_kernels_cuda (docs/perf.md
-// session 23; not part of the build).
+// 20 launches; GB/s of 10^9 bytes): the rate a bs-1 MoE layer's weights
+// (v2-lite: 138.4 MB) could stream at, beside the copy rate of
+// bench_kernels_cuda (docs/perf.md session 23; not part of the build).
 // Build here, run on the GPU machine (carry the folder it is built into):
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o .device-x/stream_rate scripts/device/stream_rate.cu
-//   .device-x/stream_rate [mb]
+//   .device-x/stream_rate [mib]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -113,7 +113,7 @@ void check(cudaError_t e, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const size_t bytes = size_t(argc > 1 ? std::atoi(argv[1]) : 138) << 20;
+  const size_t bytes = size_t(argc > 1 ? std::atoi(argv[1]) : 138) << 20;  // MiB
   int sms = 0;
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "attribute");
   uint8_t* buf = nullptr;
@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
     check(cudaGetLastError(), "launch");
     return best;
   };
-  std::printf("%zu MB a launch, %d SMs\n", bytes >> 20, sms);
+  std::printf("%zu MiB a launch, %d SMs\n", bytes >> 20, sms);
   for (int blocks_per_sm : {1, 2, 4, 8})
     for (int depth : {8, 16}) {
       const int blocks = blocks_per_sm * sms;
