@@ -139,7 +139,7 @@ __device__ int row_argmax(const float* row, int64_t vocab, const RowCluster<kRan
   float v = -INFINITY;
   int idx = 0x7fffffff;
   for_each_logit(row, vocab, rc.begin, rc.end, [&](int64_t i, float l) { better(v, idx, l, int(i)); });
-  for (int o = 16; o > 0; o >>= 1) better(v, idx, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, idx, o));
+  warp_better(v, idx);
   if (threadIdx.x % 32 == 0) {
     sv[threadIdx.x / 32] = v;
     si[threadIdx.x / 32] = idx;
