@@ -162,8 +162,9 @@ void dense_args(benchmark::internal::Benchmark* b) {
     for (auto [n, k] : kV3Shapes) b->Args({m, n, k});
 }
 
-// The sm90 kernel's split-K choice at decode rows: {m, n, k, splits}, splits
-// 0 = the plan's own; graph-replayed over weight copies like the linears.
+// The sm90 kernel's split-K choice at decode rows: {m, n, k, splits,
+// cluster}, splits 0 = the plan's own, cluster as Sm90GemmVariant's
+// fp8_cluster_splits; graph-replayed over weight copies like the linears.
 void BM_Fp8Sm90Splits(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const int64_t copies = std::clamp<int64_t>((int64_t(256) << 20) / (n * k) + 1, 2, 64);
@@ -180,8 +181,10 @@ void BM_Fp8Sm90Splits(benchmark::State& state) {
   p.n = int(n);
   p.k = int(k);
   p.variant.fp8_k_splits = int(state.range(3));
+  p.variant.fp8_cluster_splits = int(state.range(4));
   DeviceBuffer workspace(fp8_gemm_sm90_workspace_bytes(p));
   p.workspace = workspace.get();
+  state.SetLabel(fp8_gemm_sm90_plan(p));
   const double s = run_timed_graph(state, int(std::max<int64_t>(copies, 16)), [&](cudaStream_t stream, int i) {
     p.w = w.q.get<uint8_t>() + (i % copies) * n * k;
     p.w_scale = w.scale.get<float>() + (i % copies) * scale_count;
@@ -348,10 +351,12 @@ BENCHMARK(BM_Fp8LinearBf16Input)
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
 BENCHMARK(BM_Fp8Sm90Splits)
     ->Apply([](benchmark::internal::Benchmark* b) {
-      const int64_t shapes[][3] = {{1, 24576, 1536}, {1, 7168, 16384}, {1, 2112, 7168}, {1, 4096, 7168},
-                                   {1, 7168, 18432}, {64, 7168, 16384}, {64, 36864, 7168}, {64, 24576, 1536}};
-      for (const auto& s : shapes)
-        for (int64_t splits : {0, 1, 2, 4, 8, 16}) b->Args({s[0], s[1], s[2], splits});
+      const int64_t shapes[][2] = {{24576, 1536}, {7168, 16384}, {2112, 7168},
+                                   {4096, 7168},  {7168, 18432}, {36864, 7168}};
+      const int64_t runs[][2] = {{0, 0}, {1, 0}, {2, -1}, {2, 1}, {3, -1}, {4, -1}, {4, 1}, {8, -1}};
+      for (int64_t m : {1, 64, 128})
+        for (const auto& s : shapes)
+          for (const auto& r : runs) b->Args({m, s[0], s[1], r[0], r[1]});
     })
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
 // The two paths where they meet (32-128 rows, every V3 shape): the evidence

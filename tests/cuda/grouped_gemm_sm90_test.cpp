@@ -54,7 +54,8 @@ std::string variant_name(const Sm90GemmVariant& v) {
   return "bf16 block_m " + std::to_string(v.bf16_block_m) + ", overlap " + std::to_string(v.fp8_overlap_promotion) +
          ", fp8 block_m " + std::to_string(v.fp8_block_m) + ", gather " + std::to_string(v.gather_in_producer) +
          ", k splits " + std::to_string(v.fp8_k_splits) + ", cluster_m " + std::to_string(v.cluster_m) +
-         ", fp8 moe block_m " + std::to_string(v.fp8_moe_block_m) + ", fp8 block_n " + std::to_string(v.fp8_block_n);
+         ", fp8 moe block_m " + std::to_string(v.fp8_moe_block_m) + ", fp8 block_n " + std::to_string(v.fp8_block_n) +
+         ", fp8 cluster splits " + std::to_string(v.fp8_cluster_splits);
 }
 
 double silu_mul(double g, double u) { return g / (1.0 + std::exp(-g)) * u; }
@@ -322,6 +323,11 @@ TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
   // 128 x 192 tiles (N not a multiple of 192 in most shapes: a partial last column tile), alone and in pairs.
   variants.push_back(Sm90GemmVariant{0, 0, 128, -1, 0, 1, 0, 192});
   variants.push_back(Sm90GemmVariant{0, 0, 128, -1, 0, 2, 0, 192});
+  // A tile's 2 or 4 splits as one cluster adding their sums in distributed shared memory, and 4 as
+  // f32 partials and a sum kernel.
+  for (int block_m : {64, 128})
+    for (int splits : {2, 4}) variants.push_back(Sm90GemmVariant{0, 0, block_m, -1, splits, 0, 0, 0, 1});
+  variants.push_back(Sm90GemmVariant{0, 0, 64, -1, 4, 0, 0, 0, -1});
   for (const Sm90GemmVariant& v : variants) {
     SCOPED_TRACE(variant_name(v));
     auto dout = poisoned(size_t(m) * n * 2);
@@ -346,7 +352,8 @@ TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
     }
     const std::string detail = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + ", o" +
                                std::to_string(v.fp8_overlap_promotion) + " bm" + std::to_string(v.fp8_block_m) +
-                               " bn" + std::to_string(v.fp8_block_n);
+                               " bn" + std::to_string(v.fp8_block_n) + " ks" + std::to_string(v.fp8_k_splits) +
+                               " cs" + std::to_string(v.fp8_cluster_splits);
     // Same quantized operands: only f32 accumulation order and bf16 output rounding differ.
     const double err = rel_l2(out, ref_scheme), err_exact = rel_l2(out, ref_exact);
     report_fp8("sm90 fp8 gemm vs scheme", detail.c_str(), err, kBf16Tol);
@@ -354,6 +361,24 @@ TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
     EXPECT_LT(err, kBf16Tol);
     EXPECT_LT(err_exact, kFp8ExactTol);
   }
+  // Both ways of adding the splits add them in split order: the same bits.
+  for (int block_m : {64, 128})
+    for (int splits : {2, 4}) {
+      SCOPED_TRACE("block_m " + std::to_string(block_m) + ", " + std::to_string(splits) + " splits");
+      std::vector<uint16_t> outs[2];
+      for (int way = 0; way < 2; ++way) {
+        auto dout = poisoned(size_t(m) * n * 2);
+        p.out = dout.get<__nv_bfloat16>();
+        p.variant = Sm90GemmVariant{0, 0, block_m, -1, splits, 0, 0, 0, way == 0 ? 1 : -1};
+        p.workspace = nullptr;
+        DeviceBuffer workspace(fp8_gemm_sm90_workspace_bytes(p));
+        EXPECT_EQ(workspace.bytes() == 0, way == 0) << "cluster splits need no partials";
+        p.workspace = workspace.get();
+        fp8_gemm_sm90(p, nullptr);
+        outs[way] = download<uint16_t>(dout, size_t(m) * n);
+      }
+      EXPECT_EQ(outs[0], outs[1]) << "cluster splits differ from f32 partials and the sum kernel";
+    }
 }
 
 // Ragged M and N (partial row block, N not a multiple of the 256-wide tile

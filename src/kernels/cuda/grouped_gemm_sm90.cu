@@ -273,12 +273,20 @@ enum class ASource { kTma, kGather, kQuantize };
 // expert's weights feed 2-3 row tiles: one CTA a tile, gate_up read 13.5 GB
 // from DRAM for 7.5 GB of weights (ncu, H200; 3.6 ms), in pairs 11.2 GB
 // (3.2 ms). Only the weight stream bounds those tiles, not the tensor cores.
-template <class T, Epilogue kEpi, ASource kA, int kCluster>
+// kClusterSplitK: a dense fp8 tile's K splits run as one cluster of
+// k_splits CTAs (split = rank), which add their sums through distributed
+// shared memory in the epilogue: no f32 partials in global memory and no sum
+// kernel (o_proj at 4 splits on an H100: 49.5 us at 64 rows with them, 41.4
+// at one row; perf.md session 24). The grid is one unit a CTA.
+template <class T, Epilogue kEpi, ASource kA, int kCluster, bool kClusterSplitK>
 __global__ void __launch_bounds__(threads_of<T>(), 1)
     sm90_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w,
                      const __grid_constant__ CUtensorMap map_a_scale, const GemmArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(kCluster == 1 || (kCluster == 2 && kA == ASource::kTma), "pairs take TMA-fed A only");
+  static_assert(!kClusterSplitK || (kCluster == 1 && kEpi == Epilogue::kStore && T::kFp8 && T::kConsumers == 2 &&
+                                    Layout<T>::kAccum == 64 && T::kStages * Layout<T>::kWBytes >= 65536),
+                "cluster split K: dense fp8 tiles of 16 accumulator groups a thread, 64 KB of weight stages");
   static_assert(T::kConsumers == 2 || (T::kConsumers == 3 && T::kSplitM && kCluster == 1 && kA == ASource::kTma),
                 "three consumer warpgroups: rows split, one CTA a tile, TMA-fed A");
   constexpr int kSets = row_sets_of<T>();
@@ -300,6 +308,8 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
 
   constexpr bool kGatherA = kA == ASource::kGather, kProducerWrites = kA != ASource::kTma;
   const int warpgroup = threadIdx.x / 128;
+  // Cluster split K: [0] counts the other ranks' "my stages are free", [1] the bytes they send.
+  __shared__ uint64_t split_bars[2];
   if constexpr (kA == ASource::kQuantize) {
     // Rows past m stay zero (with zero scales): their products are never stored.
     for (int i = threadIdx.x; i < kStages * (L::kABytes + L::kScaleBytes) / 16; i += kThreads) {
@@ -315,6 +325,10 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
       // One arrival per consumer warp (of both CTAs in pairs).
       sm90::mbar_init(&empty[s], (kPair ? 2 : 1) * T::kConsumers * 4);
     }
+    if constexpr (kClusterSplitK) {
+      sm90::mbar_init(&split_bars[0], args.k_splits - 1);
+      sm90::mbar_init(&split_bars[1], 1);
+    }
     sm90::mbar_init_fence();
     sm90::tma_prefetch_map(&map_w);
     if constexpr (kA == ASource::kTma) {
@@ -322,11 +336,11 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
       if constexpr (T::kFp8) sm90::tma_prefetch_map(&map_a_scale);
     }
   }
-  if constexpr (kPair)
+  if constexpr (kPair || kClusterSplitK)
     sm90::cluster_sync();
   else
     __syncthreads();
-  const uint32_t rank = kPair ? sm90::cluster_ctarank() : 0;
+  const uint32_t rank = kPair || kClusterSplitK ? sm90::cluster_ctarank() : 0;
 
   const int rows = args.rows_in_use ? *args.rows_in_use : args.m;
   const int m_blocks = (rows + T::kBlockM - 1) / T::kBlockM;
@@ -803,6 +817,79 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
         continue;
       }
     }
+    if constexpr (kClusterSplitK) {
+      // Rank d adds 8-column groups [d G, (d + 1) G) of every thread's
+      // accumulators (G = 16 / splits): each CTA sends the other ranks their
+      // groups, into their weight stages (idle once every rank's products
+      // are done), then adds the ranks' sums in rank order (as
+      // split_k_sum_kernel adds splits) and stores its groups. Every CTA
+      // waits for all the bytes it is sent, so none exits while another
+      // still writes to it.
+      constexpr int kAllGroups = L::kAccum / 4;
+      const int splits = args.k_splits, per_rank = kAllGroups / splits, ct = threadIdx.x - 128;
+      const uint32_t recv = smem_u32(w_smem), ready_s = smem_u32(&split_bars[0]), xchg_s = smem_u32(&split_bars[1]);
+      // Group g's sums from rank w land at slot (w, g - owner's first group), 16 bytes a consumer thread.
+      auto slot = [&](int w, int g_in_rank) { return uint32_t(((w * per_rank + g_in_rank) * 256 + ct) * 16); };
+      sm90::named_barrier_sync(1, 256);  // both consumer warpgroups are done with the stages
+      if (ct == 0) {
+        mbar_arrive_expect_tx(&split_bars[1], uint32_t((splits - 1) * per_rank * 256 * 16));
+        for (int r = 0; r < splits; ++r)
+          if (r != int(rank)) sm90::mbar_arrive_remote_release(sm90::cluster_map(ready_s, r));
+      }
+      sm90::mbar_wait_cluster(ready_s, 0);
+#pragma unroll
+      for (int g = 0; g < kAllGroups; ++g) {
+        const int owner = (g * splits) / kAllGroups;
+        if (owner != int(rank))
+          sm90::st_async_16(sm90::cluster_map(recv + slot(int(rank), g - owner * per_rank), owner),
+                            make_float4(acc[4 * g], acc[4 * g + 1], acc[4 * g + 2], acc[4 * g + 3]),
+                            sm90::cluster_map(xchg_s, owner));
+      }
+      sm90::mbar_wait_cluster(xchg_s, 0);
+      const int n_left = args.n_out - col0;
+#pragma unroll
+      for (int g0 = 0; g0 < kAllGroups; g0 += 4) {
+        if ((g0 * splits) / kAllGroups != int(rank)) continue;  // per_rank is 4 or 8: whole quads of groups
+        float4 sum[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int g = g0 + i;
+          const float4 own = make_float4(acc[4 * g], acc[4 * g + 1], acc[4 * g + 2], acc[4 * g + 3]);
+          for (int w = 0; w < splits; ++w) {
+            float4 v = own;
+            if (w != int(rank)) {
+              const uint32_t a = recv + slot(w, g - int(rank) * per_rank);
+              asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                           : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                           : "r"(a));
+            }
+            if (w == 0) {
+              sum[i] = v;
+            } else {
+              sum[i].x += v.x;
+              sum[i].y += v.y;
+              sum[i].z += v.z;
+              sum[i].w += v.w;
+            }
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t word[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const __nv_bfloat162 packed = h == 0 ? __floats2bfloat162_rn(sum[i].x, sum[i].y)
+                                                 : __floats2bfloat162_rn(sum[i].z, sum[i].w);
+            word[i] = *reinterpret_cast<const uint32_t*>(&packed);
+          }
+          const uint4 chunk = quad_transpose(word[0], word[1], word[2], word[3], lane);
+          const int r = row + 8 * h;
+          if (r < args.m && (g0 + quad) * 8 < n_left)
+            *reinterpret_cast<uint4*>(args.out + int64_t(r) * args.out_ld + col0 + (g0 + quad) * 8) = chunk;
+        }
+      }
+      continue;
+    }
     if constexpr (kEpi == Epilogue::kStore) {
       if (args.partials) {
         // Split K: this unit's f32 sums; split_k_sum_kernel adds the splits.
@@ -934,19 +1021,32 @@ int sm_count() {
   return sms;
 }
 
-template <class T, Epilogue kEpi, ASource kA = ASource::kTma, int kCluster = 1>
-void launch_gemm(const CUtensorMap& map_a, const CUtensorMap& map_w, const CUtensorMap& map_a_scale,
-                 const GemmArgs& args, int max_m_blocks, cudaStream_t stream, const char* op) {
-  auto kernel = sm90_gemm_kernel<T, kEpi, kA, kCluster>;
-  constexpr int smem = Layout<T>::kSmemBytes;
+// The kernel variant, its dynamic shared memory allowed once.
+template <class T, Epilogue kEpi, ASource kA, int kCluster, bool kClusterSplitK>
+auto gemm_kernel(const char* op) {
+  auto kernel = sm90_gemm_kernel<T, kEpi, kA, kCluster, kClusterSplitK>;
   static const bool attribute_set = [&] {
-    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), op);
+    MLA_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<T>::kSmemBytes), op);
     return true;
   }();
   (void)attribute_set;
+  return kernel;
+}
+
+template <class T, Epilogue kEpi, ASource kA = ASource::kTma, int kCluster = 1, bool kClusterSplitK = false>
+void launch_gemm(const CUtensorMap& map_a, const CUtensorMap& map_w, const CUtensorMap& map_a_scale,
+                 const GemmArgs& args, int max_m_blocks, cudaStream_t stream, const char* op) {
+  auto kernel = gemm_kernel<T, kEpi, kA, kCluster, kClusterSplitK>(op);
+  constexpr int smem = Layout<T>::kSmemBytes;
   const int max_m_tiles = (max_m_blocks + kCluster - 1) / kCluster;
   const int max_units = max_m_tiles * n_tiles_of<T, kEpi>(args.n_out) * args.k_splits;
-  if constexpr (kCluster == 1) {
+  if constexpr (kClusterSplitK) {
+    // One unit a CTA, a tile's splits one cluster.
+    if (max_units <= 0) return;
+    DependentLaunchConfig config(dim3(max_units), dim3(threads_of<T>()), smem, stream, unsigned(args.k_splits));
+    MLA_CUDA_CHECK(cudaLaunchKernelEx(config.get(), kernel, map_a, map_w, map_a_scale, args), op);
+  } else if constexpr (kCluster == 1) {
     const int grid = std::min(sm_count(), max_units);
     if (grid <= 0) return;
     launch_dependent(kernel, dim3(grid), dim3(threads_of<T>()), smem, stream, map_a, map_w, map_a_scale, args);
@@ -1426,12 +1526,30 @@ void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
   check_launch("sm90 fp8 moe combine");
 }
 
-// How a dense fp8 GEMM runs: tile rows, K splits, promotion.
+// How a dense fp8 GEMM runs: tile rows, K splits (f32 partials and a sum
+// kernel, or cluster_splits: one cluster a tile), promotion.
 struct DenseFp8Plan {
   int block_m = 128, block_n = 128, k_splits = 1;
-  bool overlap = false;
+  bool cluster_splits = false, overlap = false;
   size_t workspace_bytes = 0;
 };
+
+// CTAs the GPU holds at once in clusters of `splits` (2 or 4) of the
+// cluster split-K kernel (one CTA an SM; the GPCs' SM counts bound clusters).
+int resident_split_ctas(int splits) {
+  auto query = [](int size) {
+    using T = Fp8Tiles<false>;
+    const char* op = "sm90 fp8 gemm (cluster split K)";
+    auto kernel = gemm_kernel<T, Epilogue::kStore, ASource::kTma, 1, true>(op);
+    DependentLaunchConfig config(dim3(size * sm_count()), dim3(threads_of<T>()), Layout<T>::kSmemBytes, nullptr,
+                                 unsigned(size));
+    int clusters = 0;
+    MLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, config.get()), op);
+    return clusters * size;
+  };
+  static const int pairs = query(2), quads = query(4);
+  return splits == 2 ? pairs : quads;
+}
 
 // NOTES: decode-sized M leaves a few dozen output tiles for 132 SMs, so K
 // is split into more work units. The plan takes the split count of least
@@ -1445,14 +1563,20 @@ struct DenseFp8Plan {
 // 35.3 / 32.0 / 35.2 us at 1 / 2 / 4 / 8 splits, q_b {24576, 1536} 12.1 /
 // 13.0 / 14.5 at 1 / 2 / 4, dense gate_up {36864, 7168} 80.4 at 1 against
 // 70.3 at 8; 64 tokens: dense gate_up 87.8 / 93.2 / 98.4 at 1 / 2 / 4.
+// Cluster splits (partials false) have no partials but a fixed 2.5 blocks:
+// a CTA waits for the cluster's slowest before it leaves its SM to the next
+// kernel, and clusters take whole groups of free SMs (H100, session 24: at
+// one row 2.6-3.5 us slower than partials at 4 splits on o_proj, dense down
+// and q_a + kv_a; at 64 rows o_proj 46.2 us against 47.7 at 2 splits and
+// 49.5 at 4 with partials, at 128 rows 51.7 against 54.1).
 double dense_fp8_cost(int64_t tiles, int k_blocks, int splits, int64_t m, int64_t n, int64_t sms,
-                      double tile_load_bytes) {
+                      double tile_load_bytes, bool partials = true) {
   const int64_t units = tiles * splits, waves = units / sms, rest = units % sms;
   const double unit_blocks = double((k_blocks + splits - 1) / splits);
   double t = double(waves) * unit_blocks;
   if (rest > 0) t += unit_blocks / std::min(2.0, double(sms) / double(rest));
   t += double((units + sms - 1) / sms);
-  if (splits > 1) t += 2.0 * (2.0 * splits * m * n * 4) / (tile_load_bytes * double(sms));
+  if (splits > 1) t += partials ? 2.0 * (2.0 * splits * m * n * 4) / (tile_load_bytes * double(sms)) : 2.5;
   return t;
 }
 
@@ -1467,22 +1591,45 @@ DenseFp8Plan plan_dense_fp8(const Sm90Fp8GemmParams& p) {
   plan.block_n = plan.block_m == 64 ? 256 : p.variant.fp8_block_n == 192 ? 192 : 128;
   const int block_n = plan.block_n, k_blocks = p.k / kFp8Group;
   const int64_t tiles = int64_t((p.m + plan.block_m - 1) / plan.block_m) * ((p.n + block_n - 1) / block_n);
+  // Cluster splits: 2 or 4 of them (whole quads of a thread's 16 accumulator
+  // groups a rank), tiles of 64 or 128 rows and 128 columns a warpgroup,
+  // and (for the plan) every cluster resident at once.
+  const int cluster_mode = p.variant.fp8_cluster_splits;
+  MLA_CUDA_REQUIRE(cluster_mode >= -1 && cluster_mode <= 1, "fp8_gemm_sm90: fp8_cluster_splits must be -1, 0 or 1");
+  auto cluster_fits = [&](int splits) {
+    return (splits == 2 || splits == 4) && splits <= k_blocks && block_n != 192 && plan.block_m != 192;
+  };
+  auto one_wave = [&](int splits) { return tiles * splits <= resident_split_ctas(splits); };
   if (p.variant.fp8_k_splits > 0) {
     plan.k_splits = std::min(p.variant.fp8_k_splits, k_blocks);
+    MLA_CUDA_REQUIRE(cluster_mode != 1 || plan.k_splits == 1 || cluster_fits(plan.k_splits),
+                     "fp8_gemm_sm90: cluster splits take 2 or 4 K splits on 64 x 256 or 128 x 128 tiles");
+    const bool by_plan = cluster_mode == 0 && cluster_fits(plan.k_splits) && one_wave(plan.k_splits);
+    plan.cluster_splits = plan.k_splits > 1 && (cluster_mode == 1 || by_plan);
   } else {
     const int64_t sms = sm_count();
     const double tile_load_bytes = double(block_n) * kFp8Group;
     double best = dense_fp8_cost(tiles, k_blocks, 1, p.m, p.n, sms, tile_load_bytes);
-    for (int splits = 2; splits <= std::min(k_blocks, 64); ++splits) {
+    for (int splits = 2; cluster_mode != 1 && splits <= std::min(k_blocks, 64); ++splits) {
       const double cost = dense_fp8_cost(tiles, k_blocks, splits, p.m, p.n, sms, tile_load_bytes);
       if (cost < best) {
         best = cost;
         plan.k_splits = splits;
       }
     }
+    for (int splits : {2, 4}) {
+      if (cluster_mode == -1 || !cluster_fits(splits) || !one_wave(splits)) continue;
+      const double cost = dense_fp8_cost(tiles, k_blocks, splits, p.m, p.n, sms, tile_load_bytes, false);
+      if (cost <= best) {
+        best = cost;
+        plan.k_splits = splits;
+        plan.cluster_splits = true;
+      }
+    }
   }
   plan.overlap = plan.k_splits == 1 && plan.block_m != 192 && fp8_overlapped(p.variant, p.k);
-  if (plan.k_splits > 1) plan.workspace_bytes = size_t(plan.k_splits) * p.m * p.n * sizeof(float);
+  if (plan.k_splits > 1 && !plan.cluster_splits)
+    plan.workspace_bytes = size_t(plan.k_splits) * p.m * p.n * sizeof(float);
   return plan;
 }
 
@@ -1499,7 +1646,10 @@ void launch_dense_fp8(const Sm90Fp8GemmParams& p, const DenseFp8Plan& plan, Gemm
     g.x_bf16 = p.a_bf16;
     g.x_ld = p.a_bf16_ld;
     const CUtensorMap unused{};
-    if (plan.overlap)
+    if (plan.cluster_splits)
+      launch_gemm<Fp8Tiles<false>, Epilogue::kStore, ASource::kQuantize, 1, true>(
+          unused, map_w, unused, g, m_blocks, stream, "sm90 fp8 gemm (quantizing, cluster split K)");
+    else if (plan.overlap)
       launch_gemm<Fp8Tiles<true>, Epilogue::kStore, ASource::kQuantize>(unused, map_w, unused, g, m_blocks, stream,
                                                                         "sm90 fp8 gemm (quantizing)");
     else
@@ -1509,6 +1659,15 @@ void launch_dense_fp8(const Sm90Fp8GemmParams& p, const DenseFp8Plan& plan, Gemm
   }
   const CUtensorMap map_a = fp8_tile_map(p.a, p.m, p.k, plan.block_m, "a");
   const CUtensorMap map_scale = scale_map(p.a_scale, p.a_scale_ld, p.k / kFp8Group, plan.block_m);
+  if (plan.cluster_splits) {
+    if (plan.block_m == 128)
+      launch_gemm<Fp8Rows128<false>, Epilogue::kStore, ASource::kTma, 1, true>(
+          map_a, map_w, map_scale, g, m_blocks, stream, "sm90 fp8 gemm (cluster split K)");
+    else
+      launch_gemm<Fp8Tiles<false>, Epilogue::kStore, ASource::kTma, 1, true>(
+          map_a, map_w, map_scale, g, m_blocks, stream, "sm90 fp8 gemm (cluster split K)");
+    return;
+  }
   // Pairs only where a phantom tile (odd m_blocks) wastes little.
   const bool pairs = plan.k_splits == 1 && m_blocks >= 4 && pairs_row_tiles(p.variant, false);
   if (plan.block_n == 192) {
@@ -1555,7 +1714,7 @@ void run_fp8_gemm(const Sm90Fp8GemmParams& p, cudaStream_t stream) {
   g.out = p.out;
   g.out_ld = p.n;
   g.k_splits = plan.k_splits;
-  g.partials = plan.k_splits > 1 ? static_cast<float*>(p.workspace) : nullptr;
+  g.partials = plan.k_splits > 1 && !plan.cluster_splits ? static_cast<float*>(p.workspace) : nullptr;
   launch_dense_fp8(p, plan, g, (p.m + plan.block_m - 1) / plan.block_m, stream);
   if (g.partials) {
     const int64_t count = int64_t(p.m) * p.n;
@@ -1615,6 +1774,14 @@ void fp8_moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t 
 size_t fp8_gemm_sm90_workspace_bytes(const Sm90Fp8GemmParams& p) {
   if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.k % kFp8Group != 0) return 0;
   return plan_dense_fp8(p).workspace_bytes;
+}
+
+std::string fp8_gemm_sm90_plan(const Sm90Fp8GemmParams& p) {
+  const DenseFp8Plan plan = plan_dense_fp8(p);
+  std::string s = std::to_string(plan.block_m) + "x" + std::to_string(plan.block_n);
+  if (plan.k_splits > 1)
+    s += ", " + std::to_string(plan.k_splits) + " splits" + (plan.cluster_splits ? " in clusters" : " + sum kernel");
+  return s;
 }
 
 void fp8_gemm_sm90(const Sm90Fp8GemmParams& p, cudaStream_t stream) {

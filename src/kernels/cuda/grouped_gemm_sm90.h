@@ -37,6 +37,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "kernels/cuda/moe_batch.h"
 
@@ -63,7 +64,7 @@ struct Sm90GemmVariant {
   // first); 0: x is first copied (bf16) or quantized (fp8) into expert order, loaded by TMA;
   // -1: 1 for bf16, for fp8 up to 1536 tokens.
   int gather_in_producer = -1;
-  int fp8_k_splits = 0;  // dense fp8 only: K ranges per output tile (f32 partials, then a sum); 0: by shape
+  int fp8_k_splits = 0;  // dense fp8 only: K ranges per output tile (see fp8_cluster_splits); 0: by shape
   // Where A comes by TMA and K is not split: 2: CTAs in clusters of two take row tiles 2i, 2i + 1 and,
   // when both are one group's (dense: always; MoE: the same expert), load each weight tile once for
   // both (TMA multicast); 1: one CTA a tile; 0: the measured default (2 for the fp8 MoE, else 1).
@@ -74,6 +75,9 @@ struct Sm90GemmVariant {
   int fp8_moe_block_m = 0;
   // dense fp8 on 128-row tiles: 128 (128 x 128 tiles) or 192 (128 x 192, serial promotion); 0: 128
   int fp8_block_n = 0;
+  // dense fp8 split K: 1: a tile's 2 or 4 splits run as one cluster and add their sums in distributed
+  // shared memory; -1: f32 partials in global memory, then a sum kernel; 0: by the plan
+  int fp8_cluster_splits = 0;
 };
 
 // MoE experts of one layer. Slots: each token has top_k + num_shared slots;
@@ -111,9 +115,11 @@ void fp8_moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t 
 // a {M, K} e4m3 with scales a_scale[kb * a_scale_ld + row] (fp8_quant.h's
 // layout, a_scale_ld % 4 == 0), w {N, K} e4m3 with w_scale {ceil(N/128), K/128}.
 // K % 128 == 0, N % 8 == 0. Tiles: 64 x 256 up to 64 rows, 128 x 128 above.
-// Decode-sized M splits K across the SMs (f32 partial sums in the
-// workspace, added in split order by a second kernel), so the weights
-// stream from every SM; M = 1 works (the TMA zero-fills the tile's missing
+// Decode-sized M splits K across the SMs, so the weights stream from every
+// SM: a tile's 2 or 4 splits run as one cluster adding their sums through
+// distributed shared memory, or (other counts, or more clusters than fit at
+// once) they store f32 partial sums in the workspace that a second kernel
+// adds; either way in split order. M = 1 works (the TMA zero-fills the tile's missing
 // rows). Launched with PDL: the first weight tiles load while the kernel
 // that wrote a is still finishing.
 constexpr int kSm90QuantizeMaxRows = 8;
@@ -135,5 +141,7 @@ struct Sm90Fp8GemmParams {
 };
 size_t fp8_gemm_sm90_workspace_bytes(const Sm90Fp8GemmParams& p);
 void fp8_gemm_sm90(const Sm90Fp8GemmParams& p, cudaStream_t stream);
+// How fp8_gemm_sm90 runs p, e.g. "64x256, 4 splits in clusters" (benchmark labels).
+std::string fp8_gemm_sm90_plan(const Sm90Fp8GemmParams& p);
 
 }  // namespace mlaserve::cuda
