@@ -127,13 +127,16 @@ TEST(Fp8LinearDispatch, WithoutHopperSmallMUsesOwnKernelLargerMUsesCublasLt) {
   EXPECT_EQ(Fp8Linear::path_for(64, 576, 1000, false), Fp8GemmPath::OwnKernel) << "K not a multiple of 512";
 }
 
-TEST(Fp8LinearDispatch, OnHopperSplitKUpTo64RowsAndUpTo128ForWeightsUnder2To24Values) {
+TEST(Fp8LinearDispatch, OnHopperSplitKUpTo64RowsAndUpTo128ForWeightsUnder2To24ValuesOrLongK) {
   EXPECT_EQ(Fp8Linear::path_for(1, 7168, 16384, true), Fp8GemmPath::Sm90SplitK);
   EXPECT_EQ(Fp8Linear::path_for(64, 576, 7168, true), Fp8GemmPath::Sm90SplitK);
   EXPECT_EQ(Fp8Linear::path_for(64, 7168, 16384, true), Fp8GemmPath::Sm90SplitK);
   EXPECT_EQ(Fp8Linear::path_for(128, 2112, 7168, true), Fp8GemmPath::Sm90SplitK) << "fused q_a / kv_a";
   EXPECT_EQ(Fp8Linear::path_for(128, 7168, 2048, true), Fp8GemmPath::Sm90SplitK) << "shared expert down";
-  EXPECT_EQ(Fp8Linear::path_for(68, 7168, 16384, true), Fp8GemmPath::CublasLt) << "o_proj";
+  EXPECT_EQ(Fp8Linear::path_for(68, 7168, 16384, true), Fp8GemmPath::Sm90SplitK) << "o_proj: K splits in clusters";
+  EXPECT_EQ(Fp8Linear::path_for(128, 7168, 18432, true), Fp8GemmPath::Sm90SplitK) << "dense down";
+  EXPECT_EQ(Fp8Linear::path_for(132, 7168, 16384, true), Fp8GemmPath::CublasLt) << "o_proj above 128 rows";
+  EXPECT_EQ(Fp8Linear::path_for(128, 36864, 7168, true), Fp8GemmPath::CublasLt) << "dense gate_up";
   EXPECT_EQ(Fp8Linear::path_for(128, 24576, 1536, true), Fp8GemmPath::CublasLt) << "q_b";
   EXPECT_EQ(Fp8Linear::path_for(128, 32768, 512, true), Fp8GemmPath::CublasLt) << "kv_b: 2^24 values";
   EXPECT_EQ(Fp8Linear::path_for(66, 24576, 1536, true), Fp8GemmPath::Sm90SplitK) << "M not a multiple of 4";

@@ -62,7 +62,12 @@ Sm90Fp8GemmParams sm90_params(const uint8_t* x_q, const float* x_scale, int64_t 
 // 128 rows cuBLASLt took o_proj {7168, 16384} in 44-46 us against 58-59,
 // dense down {7168, 18432} 48-50 against 53-66, q_b and kv_b 2-10% less;
 // the split-K kernel kept q_a, kv_a and their fusion (8-13 us against cuBLASLt's
-// ~16 us floor), and shared down {7168, 2048} within 4%.
+// ~16 us floor), and shared down {7168, 2048} within 4%. Since the split-K
+// kernel adds a tile's splits in a cluster (session 24), it takes o_proj and
+// dense down (K >= kSplitKMinK) at 96 / 128 rows in 50.5 / 51.1 and 55.1 /
+// 56.4 us against cuBLASLt's 55.6 / 56.8 and 60.6 / 61.8 (H100; the H200's
+// crossover is not remeasured), while q_b, kv_b and the dense gate_up, whose
+// 128-row plans do not split K, stay 2-7% faster on cuBLASLt.
 // Above those rows, where cuBLASLt's layout rules fail (M not a multiple
 // of 4: three prefill batches in four), the wgmma kernel takes any M: the
 // portable mma.sync kernel was 12-16x slower than cuBLASLt at M = 4096 on
@@ -71,7 +76,7 @@ Sm90Fp8GemmParams sm90_params(const uint8_t* x_q, const float* x_scale, int64_t 
 Fp8GemmPath Fp8Linear::path_for(int64_t m, int64_t n, int64_t k, bool hopper) {
   const bool sm90 = sm90_takes(n, k, hopper);
   if (sm90 && m <= kMaxSm90Rows) {
-    const bool cublaslt_faster = m > kMaxSm90RowsLargeWeights && n * k >= kLargeWeightValues &&
+    const bool cublaslt_faster = m > kMaxSm90RowsLargeWeights && n * k >= kLargeWeightValues && k < kSplitKMinK &&
                                  Fp8CublasLtGemm::shape_allowed(m, n, k);
     if (!cublaslt_faster) return Fp8GemmPath::Sm90SplitK;
   }

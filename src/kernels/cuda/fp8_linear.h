@@ -2,14 +2,14 @@
 // A block-FP8 linear layer on quantized activations: out{M, N} bf16 =
 // dequant(x_q{M, K}) · dequant(w{N, K})ᵀ, choosing the GEMM per shape
 // (measured on the H200, docs/fp8.md):
-//   M <= 64 on Hopper, and up to 128 rows for weights under 2^24 values ->
-//     the wgmma kernel with split K (grouped_gemm_sm90.h: M = 1 included;
-//     weights streamed by TMA from every SM; up to 8 rows it also quantizes
-//     bf16 x itself, run_bf16);
+//   M <= 64 on Hopper, and up to 128 rows for weights under 2^24 values or
+//     K of 8192 and more -> the wgmma kernel with split K
+//     (grouped_gemm_sm90.h: M = 1 included; weights streamed by TMA from
+//     every SM; up to 8 rows it also quantizes bf16 x itself, run_bf16);
 //   larger M -> cuBLASLt block-scaled FP8 (its wgmma kernels: 0.9-1.1
-//     PFLOP/s at M = 4096; at 65-128 rows 10-30% faster than the split-K
-//     kernel on weights of 2^24 values and more, whose 128-row tiles then
-//     do twice the tensor work of 64-row ones for the same bytes);
+//     PFLOP/s at M = 4096; at 65-128 rows 2-10% faster than the split-K
+//     kernel on weights of 2^24 values and more with K under 8192, where
+//     the wgmma kernel's 128-row tiles do not split K);
 //   where cuBLASLt's layout rules fail (M not a multiple of 4) or it has no
 //     algorithm -> the wgmma kernel on Hopper (any M);
 //   otherwise -> our portable mma.sync kernel (fp8_gemm.h), which any GPU
@@ -35,6 +35,7 @@ class Fp8Linear {
  public:
   static constexpr int64_t kMaxOwnKernelRows = 8, kMaxSm90Rows = 128, kMaxSm90RowsLargeWeights = 64;
   static constexpr int64_t kLargeWeightValues = int64_t(1) << 24;  // N * K from which cuBLASLt takes 65-128 rows
+  static constexpr int64_t kSplitKMinK = 8192;  // ... unless K reaches this (the wgmma kernel splits K in clusters)
 
   // hopper: the device runs grouped_gemm_sm90's kernels.
   static Fp8GemmPath path_for(int64_t m, int64_t n, int64_t k, bool hopper);
