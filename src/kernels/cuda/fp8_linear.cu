@@ -67,7 +67,8 @@ Sm90Fp8GemmParams sm90_params(const uint8_t* x_q, const float* x_scale, int64_t 
 // dense down (K >= kSplitKMinK) at 96 / 128 rows in 50.5 / 51.1 and 55.1 /
 // 56.4 us against cuBLASLt's 55.6 / 56.8 and 60.6 / 61.8 (H100; the H200's
 // crossover is not remeasured), while q_b, kv_b and the dense gate_up, whose
-// 128-row plans do not split K, stay 2-7% faster on cuBLASLt.
+// 128-row plans do not split K, stay 4-7% faster on cuBLASLt (the shared
+// gate_up ties).
 // Above those rows, where cuBLASLt's layout rules fail (M not a multiple
 // of 4: three prefill batches in four), the wgmma kernel takes any M: the
 // portable mma.sync kernel was 12-16x slower than cuBLASLt at M = 4096 on

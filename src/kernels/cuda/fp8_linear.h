@@ -7,7 +7,7 @@
 //     (grouped_gemm_sm90.h: M = 1 included; weights streamed by TMA from
 //     every SM; up to 8 rows it also quantizes bf16 x itself, run_bf16);
 //   larger M -> cuBLASLt block-scaled FP8 (its wgmma kernels: 0.9-1.1
-//     PFLOP/s at M = 4096; at 65-128 rows 2-10% faster than the split-K
+//     PFLOP/s at M = 4096; at 65-128 rows up to 7% faster than the split-K
 //     kernel on weights of 2^24 values and more with K under 8192, where
 //     the wgmma kernel's 128-row tiles do not split K);
 //   where cuBLASLt's layout rules fail (M not a multiple of 4) or it has no
