@@ -836,7 +836,7 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
         for (int r = 0; r < splits; ++r)
           if (r != int(rank)) sm90::mbar_arrive_remote_release(sm90::cluster_map(ready_s, r));
       }
-      sm90::mbar_wait_cluster(ready_s, 0);
+      sm90::mbar_wait<true>(ready_s, 0);
 #pragma unroll
       for (int g = 0; g < kAllGroups; ++g) {
         const int owner = (g * splits) / kAllGroups;
@@ -845,7 +845,7 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
                             make_float4(acc[4 * g], acc[4 * g + 1], acc[4 * g + 2], acc[4 * g + 3]),
                             sm90::cluster_map(xchg_s, owner));
       }
-      sm90::mbar_wait_cluster(xchg_s, 0);
+      sm90::mbar_wait<true>(xchg_s, 0);
       const int n_left = args.n_out - col0;
 #pragma unroll
       for (int g0 = 0; g0 < kAllGroups; g0 += 4) {

@@ -49,20 +49,31 @@ __device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
   return v;
 }
 
+// One mbarrier.try_wait.parity with the semantics `sem` ("" for the default
+// CTA-scope acquire) into `done`, on barrier `addr`, phase parity `parity`.
+#define MLA_MBAR_TRY_WAIT(sem, done, addr, parity)                              \
+  asm volatile(                                                                 \
+      "{\n"                                                                     \
+      ".reg .pred p;\n"                                                         \
+      "mbarrier.try_wait.parity" sem ".shared::cta.b64 p, [%1], %2;\n"          \
+      "selp.u32 %0, 1, 0, p;\n"                                                 \
+      "}\n"                                                                     \
+      : "=r"(done)                                                              \
+      : "r"(addr), "r"(parity)                                                  \
+      : "memory")
+
 // Waits until the phase with the given parity has completed (the barrier by
 // its shared-window address, which a hot loop keeps in a register).
+// kClusterAcquire: with cluster-scope acquire, so that what other CTAs
+// released before their arrivals is visible after it.
+template <bool kClusterAcquire = false>
 __device__ __forceinline__ void mbar_wait(uint32_t addr, uint32_t parity) {
   uint32_t done = 0;
   do {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
+    if constexpr (kClusterAcquire)
+      MLA_MBAR_TRY_WAIT(".acquire.cluster", done, addr, parity);
+    else
+      MLA_MBAR_TRY_WAIT("", done, addr, parity);
   } while (!done);
 }
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) { mbar_wait(smem_u32(bar), parity); }
@@ -131,23 +142,6 @@ __device__ __forceinline__ uint32_t cluster_map(uint32_t addr, uint32_t rank) {
 // receiver then writes into memory this CTA was reading).
 __device__ __forceinline__ void mbar_arrive_remote_release(uint32_t remote) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-}
-
-// mbar_wait with cluster-scope acquire: what other CTAs released before
-// their arrivals is visible after it.
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t addr, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
-  } while (!done);
 }
 
 // 16 bytes into another CTA's shared memory (shared::cluster address
