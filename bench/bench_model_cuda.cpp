@@ -8,12 +8,15 @@
 //   bench_model_cuda --dir /tmp/v2lite [--preset v2-lite] [--layers N] [--dtype bf16|fp8]
 //                    [--batches 1,8,64|none] [--input 512] [--output 128] [--kv-cache-dtype auto|fp8_e4m3]
 //                    [--prefill 0|1|BxL,...] [--extend B,P,N] [--mixed D,C,P] [--mla-mode auto|absorbed|expanded]
+//                    [--chain-timeline FILE]
 // --prefill times B sequences of L tokens for each BxL given (1: 1x4096 and
 // 8x512, the default; 0: none);
 // --extend also times B sequences adding N new tokens to a P-token cached
 // prefix (a prefix-cache hit); --mixed one step as the scheduler mixes it, D
 // decode rows at context C and then a P-token prompt; --mla-mode picks the
-// MLA form, auto by default.
+// MLA form, auto by default; --chain-timeline writes the bs-1 decode chain
+// kernel's phase stamps (a build with -DMLASERVE_CHAIN_TIMELINE=ON;
+// scripts/device/chain_timeline.py reads them).
 // With --dtype fp8 the checkpoint is block-FP8 and its weights stay FP8 on
 // the GPU (bytes counted at 1 per weight for the quantized projections)
 // unless MLASERVE_FP8=0 dequantizes them at load.
@@ -41,6 +44,7 @@
 #include "kernels/cuda/cuda_graph_runner.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm_cublaslt.h"
+#include "kernels/cuda/mla_decode_chain.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/sampling.h"
 #include "model/deepseek_model.h"
@@ -63,6 +67,7 @@ struct Args {
   int extend_batch = 0, extend_prefix = 0, extend_new = 0;  // --extend B,P,N (0: not timed)
   int mixed_decode = 0, mixed_context = 0, mixed_prompt = 0;  // --mixed D,C,P (0: not timed)
   MlaMode mla_mode = MlaMode::Auto;
+  std::string chain_timeline;  // written after the batch-1 decode runs (a timeline build's)
 };
 
 Args parse(int argc, char** argv) {
@@ -76,6 +81,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--input") a.input = std::stoi(v);
     else if (k == "--output") a.output = std::stoi(v);
     else if (k == "--kv-cache-dtype") a.kv_cache_dtype = v;
+    else if (k == "--chain-timeline") a.chain_timeline = v;
     else if (k == "--prefill") {
       a.prefills.clear();
       if (v == "1") a.prefills = kDefaultPrefills;
@@ -613,6 +619,7 @@ int run(const Args& a) {
                   B, a.input, a.output, B / (ms_step / 1e3), ms_step, gbs, 100 * gbs / ceil.copy_gbs);
       std::fflush(stdout);
     }
+    if (B == 1 && !a.chain_timeline.empty()) mla_decode_chain_timeline_dump(a.chain_timeline);
   }
   std::printf("\nbytes/step at bs 1: %.2f GB (limit %.0f tok/s at the measured copy bandwidth)\n",
               decode_bytes(c, pc, 1, a.input, kv_slot_bytes) / 1e9,

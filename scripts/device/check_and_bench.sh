@@ -3,7 +3,7 @@
 # .device-cuda.pack carried (see pack.sh): device facts, the GPU tests, a
 # compute-sanitizer pass over them, and the kernel benchmarks. Logs go to
 # $OUT; the last lines printed are the summary.
-# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|grouped|fp8|model|nopdl|ncu|ncudetail|engine|v3fp8|ab|envab|ncuv3|ncuprefill|peer]...
+# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|grouped|fp8|model|nopdl|ncu|ncudetail|engine|v3fp8|ab|envab|ncuv3|ncuprefill|timeline|peer]...
 # (default: tests sanitize bench model peer). nopdl repeats the model's decode
 # with programmatic dependent launch off (MLASERVE_PDL=0), to show what it buys;
 # ncu times every kernel of a few decode steps of a 4-layer v2-lite with
@@ -13,7 +13,9 @@
 # peer runs transformers on the same checkpoint. engine needs `assets` carried
 # too (the tokenizer of the golden models). v2-lite (31 GB) and v3-slice
 # (38 GB) do not fit the 64 GB disk together: making one removes the other.
-# ncuv3 times every kernel of a v3-slice FP8 decode step at bs 1.
+# ncuv3 times every kernel of a v3-slice FP8 decode step at bs 1. timeline
+# summarizes where the bs-1 decode chain kernel's time goes, from a pack
+# built with -DMLASERVE_CHAIN_TIMELINE=ON.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}
@@ -185,6 +187,15 @@ for step in "${steps[@]}"; do
       python3 scripts/device/ncu_kernel_times.py "$OUT/ncu_prefill.csv" --marker "${NCU_MARKER:-embedding}" \
         --first 1 --count 1 | tee "$OUT/ncu_prefill.md"
       summary+=("ncu v3-slice prefill: rc=$?")
+      ;;
+    timeline)
+      make_room_for "$CKPT"
+      "$dir/bench_model_cuda" --dir "$CKPT" --batches 1 --prefill 0 --output 128 \
+        --chain-timeline "$OUT/chain_timeline.bin" > "$OUT/timeline_bench.log" 2>&1
+      rc=$?
+      python3 scripts/device/chain_timeline.py "$OUT/chain_timeline.bin" | tee "$OUT/timeline.md"
+      gzip -f "$OUT/chain_timeline.bin"  # 17 MB of mostly zeros
+      summary+=("chain timeline: rc=$rc, $(grep -c '^|' "$OUT/timeline.md") table rows")
       ;;
     peer)
       PYTHONUNBUFFERED=1 python3 scripts/device/hf_peer.py "$CKPT" ${PEER_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/peer.log"

@@ -1,7 +1,10 @@
 #include "kernels/cuda/mla_decode_chain.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
@@ -24,6 +27,7 @@ constexpr int kThreads = 256, kWarps = kThreads / 32;
 constexpr int kChunks = kD / 256;                     // 16-byte chunks a lane holds of h
 constexpr int kAttnChunks = kAttnWidth / 256;         // and of attn
 constexpr int kMaxGrid = 256;
+static_assert(kChainTimelineBlocks == kMaxGrid, "a timeline column a block");
 
 // Attention tiles: 32 latent rows; rows padded to 73 16-byte chunks (odd) so
 // the 8 rows an ldmatrix phase reads fall in 8 distinct bank groups.
@@ -183,7 +187,57 @@ struct Misc {
   __nv_bfloat16 row[kD];
   bool group_kept[32];  // route_token's (its sel_s is o)
   bool last;
+#ifdef MLASERVE_CHAIN_TIMELINE
+  unsigned long long timeline_enter;  // thread 0's
+  int timeline_slot;
+#endif
 };
+
+#ifdef MLASERVE_CHAIN_TIMELINE
+__device__ unsigned long long g_chain_timeline[kChainTimelineLaunches][int(ChainEvent::Count)][kMaxGrid];
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Thread 0 stamps: it alone holds the launch's barrier base, hence its slot.
+#define CHAIN_TIMELINE_ENTER(m) \
+  do { \
+    if (threadIdx.x == 0) (m).timeline_enter = global_ns(); \
+  } while (0)
+#define CHAIN_TIMELINE_BASE(m, base) \
+  do { \
+    if (threadIdx.x == 0) { \
+      (m).timeline_slot = int((base) / (kBarriers * gridDim.x) % kChainTimelineLaunches); \
+      g_chain_timeline[(m).timeline_slot][int(ChainEvent::Enter)][blockIdx.x] = (m).timeline_enter; \
+    } \
+  } while (0)
+#define CHAIN_STAMP(m, event) \
+  do { \
+    if (threadIdx.x == 0) g_chain_timeline[(m).timeline_slot][int(ChainEvent::event)][blockIdx.x] = global_ns(); \
+  } while (0)
+// When the whole block is done with a phase.
+#define CHAIN_STAMP_ALL(m, event) \
+  do { \
+    __syncthreads(); \
+    CHAIN_STAMP(m, event); \
+  } while (0)
+#else
+#define CHAIN_TIMELINE_ENTER(m) \
+  do { \
+  } while (0)
+#define CHAIN_TIMELINE_BASE(m, base) \
+  do { \
+  } while (0)
+#define CHAIN_STAMP(m, event) \
+  do { \
+  } while (0)
+#define CHAIN_STAMP_ALL(m, event) \
+  do { \
+  } while (0)
+#endif
 
 // The rope table as mla_prepare forms it, and (last block) kv_a_layernorm's
 // weight: neither depends on earlier kernels.
@@ -566,6 +620,7 @@ __device__ void route_phase(const MlaDecodeChainParams& p, const Scratch& s, int
 #pragma unroll
   for (int j = 0; j < 8; ++j) ss += v[j] * v[j];
   const float inv_rms = rsqrtf(block_sum(ss) / float(kD) + p.moe_eps);
+  CHAIN_STAMP(m, RouteNormed);
   Bf16x8 nw, rw;
   *reinterpret_cast<uint4*>(&nw) = norm_w;
   *reinterpret_cast<uint4*>(&rw) = router_w;
@@ -579,6 +634,7 @@ __device__ void route_phase(const MlaDecodeChainParams& p, const Scratch& s, int
 #pragma unroll
   for (int j = 0; j < 8; ++j) dot += w[j] * v[j];
   dot = block_sum(dot);
+  CHAIN_STAMP(m, RouteLogit);
   if (threadIdx.x == 0) {
     s.logits[e] = dot;
     // Releases this logit and acquires the earlier ones (for the last block,
@@ -587,6 +643,7 @@ __device__ void route_phase(const MlaDecodeChainParams& p, const Scratch& s, int
     m.last = atomic_add_acq_rel(reinterpret_cast<unsigned*>(p.barrier + 1), 1u) == unsigned(p.route.num_experts) - 1;
   }
   __syncthreads();
+  CHAIN_STAMP(m, RouteArrived);
   if (!m.last) return;
   sum.store(p.residual + i0);
   normed.store(p.normed + i0);
@@ -594,6 +651,7 @@ __device__ void route_phase(const MlaDecodeChainParams& p, const Scratch& s, int
     MoeRouteParams route = p.route;
     route.logits = s.logits;
     route_token<kPerLane>(route, 0, m.o, m.group_kept);
+    CHAIN_STAMP(m, Routed);
   }
   if (threadIdx.x == 0) *reinterpret_cast<unsigned*>(p.barrier + 1) = 0;  // ready for the next launch
 }
@@ -603,6 +661,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   __shared__ __align__(8) uint64_t bars[4];
   __shared__ Misc misc;
   const int grid = gridDim.x, b = blockIdx.x, tid = threadIdx.x;
+  CHAIN_TIMELINE_ENTER(misc);
   const Layout lay = layout_for(grid);
   const Scratch s = carve(p.scratch, grid, nullptr);
   auto* qkv_w = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -664,6 +723,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
 
   pdl_wait();  // h comes from the previous kernel
   const unsigned long long base = tid == 0 ? barrier_base(p.barrier) : 0;
+  CHAIN_TIMELINE_BASE(misc, base);
+  CHAIN_STAMP(misc, WaitReturned);
 
   // 1. qkv rows.
   Bf16x8 input_residual;  // in_residual + x, this thread's 8 values (norm head)
@@ -673,6 +734,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
     sm90::mbar_wait(&bars[0], 0);
     rows_times_vector<kD>(qkv_w, qkv_n, x, s.qkv + qkv0);
   }
+  CHAIN_STAMP_ALL(misc, Phase1Done);
   // The context rows of tiles past the second go to L2 now (they are read
   // after phase 2; earlier, the previous kernels' traffic would evict them).
   for (int i = tid; i < max(0, sp.rows - 2 * kTile) * (kRow * 2 / 128); i += kThreads) {
@@ -682,6 +744,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   __syncthreads();  // the qkv weights' region becomes the attention tiles
   if (sp.rows > 0) preload_split(p, sp, smem);
   grid_barrier(p.barrier, base + grid);
+  CHAIN_STAMP(misc, Barrier1);
 
   // 2. q_nope · W_UK and the q_pe rope; the latent write; the input residual
   // (a block past the W_UK units where the grid has one: no block reads
@@ -690,7 +753,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   for (int i = 0, u = b; u < kUkUnits; ++i, u += grid) uk_unit(s, u, uk_w + i * kDn * kUkCols, misc);
   if (b == grid - 1) latent_write(p, s, misc);
   if (p.in_residual && b == max(0, grid - 2)) input_residual.store(p.in_residual + tid * 8);
+  CHAIN_STAMP_ALL(misc, Phase2Done);
   grid_barrier(p.barrier, base + 2 * grid);
+  CHAIN_STAMP(misc, Barrier2);
 
   // 3. Attention over this block's split.
   if (sp.rows > 0) attention_split(p, s, smem, b, sp);
@@ -698,7 +763,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   // run beside the latency-bound phases that follow and lengthen them (bs 1
   // on the H200: 2.04 ms a step against 2.14 with the trigger here, 2.11
   // after the next barrier). The route phase's trigger is below.
+  CHAIN_STAMP_ALL(misc, AttentionDone);
   grid_barrier(p.barrier, base + 3 * grid);
+  CHAIN_STAMP(misc, Barrier3);
 
 
   // 4. Merge and W_UV for this block's rows (one or two heads).
@@ -726,7 +793,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
     __syncthreads();  // misc.o is the next head's
     r = end;
   }
+  CHAIN_STAMP_ALL(misc, Phase4Done);
   grid_barrier(p.barrier, base + 4 * grid);
+  CHAIN_STAMP(misc, Barrier4);
 
 
   // 5. o_proj rows.
@@ -742,11 +811,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   }
 
   // 6. The MoE layer's start (blocks that take no part only arrive).
+  CHAIN_STAMP_ALL(misc, Phase5Done);
   if (!routes) {
     grid_arrive(p.barrier);
+    CHAIN_STAMP(misc, Exit);
     return;
   }
   grid_barrier(p.barrier, base + 5 * grid);
+  CHAIN_STAMP(misc, Barrier5);
   // The MoE's gate_up may launch now, on the SMs the blocks past the router's
   // rows just left: its shared experts' blocks request their first weights
   // while the route phase keeps DRAM idle (v2-lite bs 1, H100: 2.343 against
@@ -754,9 +826,25 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   pdl_launch_dependents();
   if (p.route.num_experts <= 64) route_phase<2>(p, s, b, router_w, norm_w, misc);  // route_per_lane's choice
   else route_phase<8>(p, s, b, router_w, norm_w, misc);
+  CHAIN_STAMP_ALL(misc, Exit);
 }
 
 }  // namespace
+
+void mla_decode_chain_timeline_dump(const std::string& path) {
+#ifdef MLASERVE_CHAIN_TIMELINE
+  std::vector<unsigned long long> stamps(sizeof(g_chain_timeline) / sizeof(unsigned long long));
+  MLA_CUDA_CHECK(cudaMemcpyFromSymbol(stamps.data(), g_chain_timeline, sizeof(g_chain_timeline)),
+                 "mla_decode_chain_timeline_dump");
+  FILE* f = std::fopen(path.c_str(), "wb");
+  const bool written = f && std::fwrite(stamps.data(), sizeof(stamps[0]), stamps.size(), f) == stamps.size();
+  if (f) std::fclose(f);
+  if (!written) throw std::runtime_error("mla_decode_chain_timeline_dump: cannot write " + path);
+#else
+  throw std::runtime_error("mla_decode_chain_timeline_dump: " + path +
+                           ": built without the timeline (cmake -DMLASERVE_CHAIN_TIMELINE=ON)");
+#endif
+}
 
 bool mla_decode_chain_applies(const MlaDecodeChainShape& s, int sm_count) {
   if (s.hidden != kD || s.heads != kH || s.nope_dim != kDn || s.rope_dim != kR || s.latent_dim != kL ||

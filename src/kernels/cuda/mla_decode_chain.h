@@ -36,6 +36,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "kernels/cuda/moe_router.h"
 
@@ -92,5 +93,20 @@ bool mla_decode_chain_routes(int num_experts, int sm_count);
 constexpr size_t kMlaDecodeChainBarrierBytes = 16;
 size_t mla_decode_chain_scratch_bytes(int sm_count);
 void mla_decode_chain(const MlaDecodeChainParams& p, int sm_count, cudaStream_t stream);
+
+// The phase boundaries a timeline build stamps (cmake
+// -DMLASERVE_CHAIN_TIMELINE=ON): thread 0 of each block records %globaltimer
+// when the block passes them, so a latency-bound chain shows where its time
+// goes (docs/perf.md, session 25). scripts/device/chain_timeline.py names
+// them in this order.
+enum class ChainEvent {
+  Enter, WaitReturned, Phase1Done, Barrier1, Phase2Done, Barrier2, AttentionDone, Barrier3, Phase4Done, Barrier4,
+  Phase5Done, Barrier5, RouteNormed, RouteLogit, RouteArrived, Routed, Exit, Count
+};
+constexpr int kChainTimelineLaunches = 512, kChainTimelineBlocks = 256;
+// Writes the stamps of the last kChainTimelineLaunches launches to path as
+// u64 ns {launch % kChainTimelineLaunches, event, block}, 0 where a block
+// passed no such point. Throws in builds without the timeline.
+void mla_decode_chain_timeline_dump(const std::string& path);
 
 }  // namespace mlaserve::cuda
