@@ -225,18 +225,10 @@ __device__ __forceinline__ unsigned long long global_ns() {
     CHAIN_STAMP(m, event); \
   } while (0)
 #else
-#define CHAIN_TIMELINE_ENTER(m) \
-  do { \
-  } while (0)
-#define CHAIN_TIMELINE_BASE(m, base) \
-  do { \
-  } while (0)
-#define CHAIN_STAMP(m, event) \
-  do { \
-  } while (0)
-#define CHAIN_STAMP_ALL(m, event) \
-  do { \
-  } while (0)
+#define CHAIN_TIMELINE_ENTER(m) do {} while (0)
+#define CHAIN_TIMELINE_BASE(m, base) do {} while (0)
+#define CHAIN_STAMP(m, event) do {} while (0)
+#define CHAIN_STAMP_ALL(m, event) do {} while (0)
 #endif
 
 // The rope table as mla_prepare forms it, and (last block) kv_a_layernorm's
