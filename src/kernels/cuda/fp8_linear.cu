@@ -63,10 +63,10 @@ Sm90Fp8GemmParams sm90_params(const uint8_t* x_q, const float* x_scale, int64_t 
 // dense down {7168, 18432} 48-50 against 53-66, q_b and kv_b 2-10% less;
 // the split-K kernel kept q_a, kv_a and their fusion (8-13 us against cuBLASLt's
 // ~16 us floor), and shared down {7168, 2048} within 4%. Since the split-K
-// kernel adds a tile's splits in a cluster (session 24), it takes o_proj and
-// dense down (K >= kSplitKMinK) at 96 / 128 rows in 50.5 / 51.1 and 55.1 /
-// 56.4 us against cuBLASLt's 55.6 / 56.8 and 60.6 / 61.8 (H100; the H200's
-// crossover is not remeasured), while q_b, kv_b and the dense gate_up, whose
+// kernel adds a tile's splits in a cluster, it takes o_proj and dense down
+// (K >= kSplitKMinK) at 96 / 128 rows ~9% faster than cuBLASLt (H100,
+// perf.md session 24, which has the figures; the H200's crossover is not
+// remeasured), while q_b, kv_b and the dense gate_up, whose
 // 128-row plans do not split K, stay 4-7% faster on cuBLASLt (the shared
 // gate_up ties).
 // Above those rows, where cuBLASLt's layout rules fail (M not a multiple
