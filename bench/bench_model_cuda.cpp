@@ -394,6 +394,10 @@ class OpTimingBackend final : public Backend {
   void moe_experts(const Tensor& x, const ExpertWeights& e, const Tensor& i, const Tensor& w, Tensor o) override {
     timed("moe_experts", [&] { in_.moe_experts(x, e, i, w, o); });
   }
+  void moe_route_experts(const Tensor& x, const ExpertWeights& e, const Tensor& l, const Tensor& b,
+                         const RouterParams& p, Tensor i, Tensor w, Tensor o) override {
+    timed("moe_route_experts", [&] { in_.moe_route_experts(x, e, l, b, p, i, w, o); });
+  }
   void argmax_rows(const Tensor& logits, Tensor ids) override {
     timed("argmax_rows", [&] { in_.argmax_rows(logits, ids); });
   }

@@ -19,10 +19,9 @@ import sys
 
 EVENTS = ['blocks enter', 'PDL wait returns', 'phase 1 (qkv rows) done', 'barrier 1', 'phase 2 (W_UK) done',
           'barrier 2', 'attention splits done', 'barrier 3', 'phase 4 (merge, W_UV) done', 'barrier 4',
-          'phase 5 (o_proj) done', 'barrier 5', 'route: residual normed', 'route: logit formed',
-          'route: arrival counted', 'last block routed', 'exit']
+          'phase 5 (o_proj) done', 'barrier 5', 'route: residual normed', 'route: logit written', 'exit']
 LAUNCHES, BLOCKS = 512, 256
-ENTER, WAIT, PHASE1, BARRIER5, EXIT = 0, 1, 2, 11, 16
+ENTER, WAIT, PHASE1, BARRIER5, EXIT = 0, 1, 2, 11, 14
 
 
 def main(path):

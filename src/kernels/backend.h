@@ -128,15 +128,14 @@ struct MlaPrepare {
 // What may follow the chain in the same op at a MoE layer: the
 // post-attention norm with the residual add (rms_norm's semantics: residual
 // += the chain's output in place, normed = rmsnorm(residual) * norm_weight)
-// and the router's selection over normed (moe_select's semantics).
+// and the router's logits over normed (linear_f32_out's), which the MoE
+// routes from (moe_route_experts).
 struct MlaChainMoeTail {
   Tensor norm_weight;  // {D}
   float eps = 1e-6f;
   Tensor residual, normed;  // {T, D}
   const Weight* router = nullptr;  // {E, D}
-  Tensor bias;                     // {E} (noaux_tc) or undefined
-  RouterParams routing;
-  Tensor topk_ids, topk_weights;  // {T, top_k}
+  Tensor logits;                   // {T, E} F32
 };
 
 // A pre-norm with the residual add, formed by the op that reads h
@@ -329,6 +328,16 @@ class Backend {
   // expert(x) = down(silu(gate(x)) * up(x)), likewise shared(x).
   virtual void moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids,
                            const Tensor& topk_weights, Tensor out) = 0;
+  // moe_route(logits, bias, p, topk_ids, topk_weights), then moe_experts(x,
+  // experts, topk_ids, topk_weights, out): the MoE of logits formed earlier
+  // (the decode chain's tail). This default runs exactly those two ops (the
+  // CPU reference); CUDA routes a decode token inside the expert kernels.
+  virtual void moe_route_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& logits,
+                                 const Tensor& bias, const RouterParams& p, Tensor topk_ids, Tensor topk_weights,
+                                 Tensor out) {
+    moe_route(logits, bias, p, topk_ids, topk_weights);
+    moe_experts(x, experts, topk_ids, topk_weights, out);
+  }
 
   // ids{R} I32 = argmax of each row of logits{R, V} F32, the lowest index on
   // ties (the host sampler's greedy rule): greedy steps copy only the ids.

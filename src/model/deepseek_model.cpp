@@ -64,24 +64,27 @@ void DeepseekModel::run_block(const DecoderLayerWeights& w, const DeviceBatch& b
   if (w.moe) {
     // The norm and the router may run inside the attention op (one kernel at
     // decode batch 1 on CUDA); normed is then the MoE's input.
-    const int64_t k = w.moe->routing.top_k;
+    const MoeWeights& moe = *w.moe;
+    const int64_t k = moe.routing.top_k;
     MlaChainMoeTail tail;
     tail.norm_weight = w.post_attention_layernorm;
     tail.eps = eps;
     tail.residual = residual;
     tail.normed = normed;
-    tail.router = &w.moe->router;
-    tail.bias = w.moe->score_correction_bias;
-    tail.routing = w.moe->routing;
-    tail.topk_ids = backend_.alloc({x.dim(0), k}, DType::I32);
-    tail.topk_weights = backend_.alloc({x.dim(0), k}, DType::F32);
-    if (!mla_attention(backend_, mla_, w.attn, normed, batch, plan, cache, attn_out, &tail, &input_norm)) {
-      backend_.rms_norm(attn_out, w.post_attention_layernorm, eps, normed, residual);
-      backend_.moe_select(normed, w.moe->router, w.moe->score_correction_bias, w.moe->routing, tail.topk_ids,
-                          tail.topk_weights);  // router logits + top-k
-    }
+    tail.router = &moe.router;
+    tail.logits = backend_.alloc({x.dim(0), moe.router.out_features()}, DType::F32);
+    Tensor topk_ids = backend_.alloc({x.dim(0), k}, DType::I32);
+    Tensor topk_weights = backend_.alloc({x.dim(0), k}, DType::F32);
     // Routed and shared experts in one call.
-    backend_.moe_experts(normed, w.moe->experts, tail.topk_ids, tail.topk_weights, mlp_out);
+    if (mla_attention(backend_, mla_, w.attn, normed, batch, plan, cache, attn_out, &tail, &input_norm)) {
+      backend_.moe_route_experts(normed, moe.experts, tail.logits, moe.score_correction_bias, moe.routing, topk_ids,
+                                 topk_weights, mlp_out);
+    } else {
+      backend_.rms_norm(attn_out, w.post_attention_layernorm, eps, normed, residual);
+      backend_.moe_select(normed, moe.router, moe.score_correction_bias, moe.routing, topk_ids,
+                          topk_weights);  // router logits + top-k
+      backend_.moe_experts(normed, moe.experts, topk_ids, topk_weights, mlp_out);
+    }
   } else {
     mla_attention(backend_, mla_, w.attn, normed, batch, plan, cache, attn_out, nullptr, &input_norm);
     dense_mlp(backend_, *w.mlp, ResidualNorm{attn_out, residual, w.post_attention_layernorm, eps}, mlp_out);

@@ -250,12 +250,12 @@ TEST_F(MlaDecodeChain, NormHeadMatchesRmsNormThenTheOps) {
 
 // With the MoE layer's start folded in (MlaChainMoeTail): the residual and
 // the normed row against the op-by-op path (attention, rms_norm), and the
-// routing against the CPU backend's moe_select on the kernel's own normed
-// row (so a near-tie between the two paths' rows cannot flip the check).
-TEST_F(MlaDecodeChain, MoeTailMatchesTheNormAndTheRouter) {
+// router logits against the CPU backend's on the kernel's own normed row
+// (both sum exact products of bf16 values in f32, in different orders).
+TEST_F(MlaDecodeChain, MoeTailMatchesTheNormAndTheRouterLogits) {
   const ModelConfig c = v2_lite();
   CudaBackend& gpu = *gpu_;
-  const int E = c.n_routed_experts, k = c.num_experts_per_tok;
+  const int E = c.n_routed_experts;
   if (!mla_decode_chain_routes(E, gpu.sm_count())) GTEST_SKIP() << "fewer SMs than routed experts";
   auto cpu = make_cpu_backend();
   std::mt19937 rng(23);
@@ -267,9 +267,6 @@ TEST_F(MlaDecodeChain, MoeTailMatchesTheNormAndTheRouter) {
   const HostValues norm_w = random_values({D}, rng, 0.5f, 1.5f);
   const Weight router_gpu = gpu.load_weight(router.as(DType::F32), Tensor());
   const Weight router_cpu = cpu->load_weight(router.as(DType::F32), Tensor());
-  RouterParams routing;  // V2-Lite's gate
-  routing.method = TopkMethod::GroupLimitedGreedy;
-  routing.top_k = k;
 
   for (int kv_len : {7, 640}) {
     SCOPED_TRACE(kv_len);
@@ -294,9 +291,7 @@ TEST_F(MlaDecodeChain, MoeTailMatchesTheNormAndTheRouter) {
     tail.residual = gpu.load_tensor(residual.as(DType::BF16));
     tail.normed = gpu.alloc({1, D}, DType::BF16);
     tail.router = &router_gpu;
-    tail.routing = routing;
-    tail.topk_ids = gpu.alloc({1, k}, DType::I32);
-    tail.topk_weights = gpu.alloc({1, k}, DType::F32);
+    tail.logits = gpu.alloc({1, E}, DType::F32);
     Tensor chain_out = gpu.alloc({1, D}, DType::BF16);
     ASSERT_TRUE(mla_attention(gpu, ctx, w_gpu, h_gpu, db, MlaBatchPlan::whole(true), gpu.load_tensor(cache.as(DType::BF16)), chain_out,
                               &tail));
@@ -308,24 +303,16 @@ TEST_F(MlaDecodeChain, MoeTailMatchesTheNormAndTheRouter) {
     // The CPU router on the kernel's normed row.
     Tensor normed_cpu = Tensor::empty({1, D}, DType::F32);
     std::copy(normed.begin(), normed.end(), normed_cpu.data<float>());
-    Tensor ids_cpu = cpu->alloc({1, k}, DType::I32), weights_cpu = cpu->alloc({1, k}, DType::F32);
-    cpu->moe_select(cpu->load_tensor(normed_cpu), router_cpu, Tensor(), routing, ids_cpu, weights_cpu);
-    Tensor ids_gpu = gpu.to_host(tail.topk_ids), weights_gpu = gpu.to_host(tail.topk_weights);
-    std::vector<std::pair<int, float>> got, want;
-    for (int j = 0; j < k; ++j) {
-      got.emplace_back(ids_gpu.data<int32_t>()[j], weights_gpu.data<float>()[j]);
-      want.emplace_back(ids_cpu.data<int32_t>()[j], weights_cpu.data<float>()[j]);
-    }
-    std::sort(got.begin(), got.end());
-    std::sort(want.begin(), want.end());
-    std::printf("[mla-chain] moe tail, kv_len %d: residual rel_l2 vs ops %.2e, normed %.2e\n", kv_len, residual_err,
-                normed_err);
+    Tensor logits_cpu = cpu->alloc({1, E}, DType::F32);
+    cpu->linear_f32_out(cpu->load_tensor(normed_cpu), router_cpu, logits_cpu);
+    const auto logits = host_floats(gpu, tail.logits);
+    const float* want = logits_cpu.data<float>();
+    const double logits_err = rel_l2_of(logits, std::vector<float>(want, want + E));
+    std::printf("[mla-chain] moe tail, kv_len %d: residual rel_l2 vs ops %.2e, normed %.2e, logits vs cpu %.2e\n",
+                kv_len, residual_err, normed_err, logits_err);
     EXPECT_LT(residual_err, kChainVsOps);
     EXPECT_LT(normed_err, kChainVsOps);
-    for (int j = 0; j < k; ++j) {
-      EXPECT_EQ(got[j].first, want[j].first) << "expert " << j;
-      EXPECT_NEAR(got[j].second, want[j].second, 1e-4) << "expert " << j;
-    }
+    EXPECT_LT(logits_err, 1e-5);
   }
 }
 

@@ -370,5 +370,99 @@ TEST_P(BackendSharedExperts, FoldedSharedExpertsMatchTheCpuBackend) {
 
 INSTANTIATE_TEST_SUITE_P(Tokens, BackendSharedExperts, ::testing::Values(1, 5, 40));
 
+// Backend::moe_route_experts: a decode token routed inside the small path's
+// kernels (CUDA, up to 64 routed experts) gives what moe_route then
+// moe_experts give, bit for bit, routing included, for the three methods;
+// a larger batch takes those two ops; the CPU reference agrees with both.
+TEST(BackendRouteExperts, RoutingInsideTheKernelsEqualsRouteThenExperts) {
+  MLA_SKIP_WITHOUT_GPU();
+  const int64_t D = 256, I = 128, E = 64, S = 2;
+  std::mt19937 rng(77);
+  std::vector<std::vector<uint16_t>> store;
+  store.reserve(3 * E + 3);
+  auto host_weight = [&](int64_t n, int64_t k) {
+    store.push_back(random_bf16(size_t(n * k), rng, 0.08f));
+    return Weight{Tensor::wrap(store.back().data(), {n, k}, DType::BF16, Device::CPU), {}};
+  };
+  std::vector<Weight> gate, up, down;
+  for (int64_t e = 0; e < E; ++e) {
+    gate.push_back(host_weight(I, D));
+    up.push_back(host_weight(I, D));
+    down.push_back(host_weight(D, I));
+  }
+  const SharedExpertWeights shared{host_weight(S * I, D), host_weight(S * I, D), host_weight(D, S * I)};
+  auto cpu = make_cpu_backend();
+  CudaBackend cuda;
+  const ExpertWeights cpu_experts = cpu->load_experts(gate, up, down, shared);
+  const ExpertWeights cuda_experts = cuda.load_experts(gate, up, down, shared);
+
+  RouterParams v2_lite;  // softmax, greedy top 6
+  v2_lite.top_k = 6;
+  RouterParams grouped = v2_lite;
+  grouped.method = TopkMethod::GroupLimitedGreedy;
+  grouped.n_group = 8;
+  grouped.topk_group = 3;
+  grouped.scaling = 16.0f;
+  RouterParams noaux;  // V3's method on 64 experts
+  noaux.method = TopkMethod::NoauxTc;
+  noaux.scoring = ScoringFunc::Sigmoid;
+  noaux.top_k = 8;
+  noaux.n_group = 8;
+  noaux.topk_group = 4;
+  noaux.renormalize = true;
+  noaux.scaling = 2.5f;
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (const RouterParams& rp : {v2_lite, grouped, noaux})
+    for (int64_t T : {1, 3}) {
+      SCOPED_TRACE(::testing::Message() << "method " << int(rp.method) << ", " << T << " tokens");
+      const int64_t K = rp.top_k;
+      std::vector<float> logits(static_cast<size_t>(T * E)), bias(static_cast<size_t>(E));
+      for (auto& v : logits) v = nd(rng);
+      for (auto& v : bias) v = 0.1f * nd(rng);
+      std::vector<uint16_t> x = random_bf16(size_t(T * D), rng);
+      Tensor dx = cuda.load_tensor(Tensor::wrap(x.data(), {T, D}, DType::BF16, Device::CPU));
+      Tensor dlogits = cuda.load_tensor(Tensor::wrap(logits.data(), {T, E}, DType::F32, Device::CPU));
+      const bool biased = rp.method == TopkMethod::NoauxTc;
+      Tensor dbias = biased ? cuda.load_tensor(Tensor::wrap(bias.data(), {E}, DType::F32, Device::CPU)) : Tensor();
+
+      Tensor ids_a = cuda.alloc({T, K}, DType::I32), w_a = cuda.alloc({T, K}, DType::F32);
+      Tensor out_a = cuda.alloc({T, D}, DType::BF16);
+      cuda.moe_route(dlogits, dbias, rp, ids_a, w_a);
+      cuda.moe_experts(dx, cuda_experts, ids_a, w_a, out_a);
+      Tensor ids_b = cuda.alloc({T, K}, DType::I32), w_b = cuda.alloc({T, K}, DType::F32);
+      Tensor out_b = cuda.alloc({T, D}, DType::BF16);
+      cuda.moe_route_experts(dx, cuda_experts, dlogits, dbias, rp, ids_b, w_b, out_b);
+
+      const Tensor ha = cuda.to_host(out_a), hb = cuda.to_host(out_b);
+      const Tensor ia = cuda.to_host(ids_a), ib = cuda.to_host(ids_b), wa = cuda.to_host(w_a), wb = cuda.to_host(w_b);
+      EXPECT_EQ(std::vector<int32_t>(ia.data<int32_t>(), ia.data<int32_t>() + T * K),
+                std::vector<int32_t>(ib.data<int32_t>(), ib.data<int32_t>() + T * K));
+      EXPECT_EQ(std::vector<float>(wa.data<float>(), wa.data<float>() + T * K),
+                std::vector<float>(wb.data<float>(), wb.data<float>() + T * K));
+      EXPECT_EQ(std::vector<uint16_t>(ha.data<uint16_t>(), ha.data<uint16_t>() + T * D),
+                std::vector<uint16_t>(hb.data<uint16_t>(), hb.data<uint16_t>() + T * D));
+
+      std::vector<float> x_f32 = to_float(x);
+      Tensor cpu_ids = cpu->alloc({T, K}, DType::I32), cpu_w = cpu->alloc({T, K}, DType::F32);
+      Tensor cpu_out = cpu->alloc({T, D}, DType::F32);
+      cpu->moe_route_experts(Tensor::wrap(x_f32.data(), {T, D}, DType::F32, Device::CPU), cpu_experts,
+                             Tensor::wrap(logits.data(), {T, E}, DType::F32, Device::CPU),
+                             biased ? Tensor::wrap(bias.data(), {E}, DType::F32, Device::CPU) : Tensor(), rp, cpu_ids,
+                             cpu_w, cpu_out);
+      EXPECT_EQ(std::vector<int32_t>(cpu_ids.data<int32_t>(), cpu_ids.data<int32_t>() + T * K),
+                std::vector<int32_t>(ib.data<int32_t>(), ib.data<int32_t>() + T * K));
+      std::vector<float> got(size_t(T * D));
+      std::vector<double> want(got.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        got[i] = bf16_to_f32(hb.data<uint16_t>()[i]);
+        want[i] = cpu_out.data<float>()[i];
+      }
+      const double err = rel_l2(got, want);
+      std::printf("[rel_l2] backend moe_route_experts method %d, T=%d, CUDA vs CPU: %.2e\n", int(rp.method), int(T),
+                  err);
+      EXPECT_LT(err, 1e-2);
+    }
+}
+
 }  // namespace
 }  // namespace mlaserve::cuda::testing

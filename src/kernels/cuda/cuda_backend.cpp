@@ -958,11 +958,14 @@ bool CudaBackend::mla_decode_chain(const MlaDecodeChain& c, const DeviceBatch& b
     const Weight& router = *t.router;
     const int64_t E = router.out_features();
     if (router.is_fp8() || router.in_features() != D || !mla_decode_chain_routes(int(E), sm_count_)) return false;
-    MLA_CHECK(t.residual.shape() == c.h.shape() && t.normed.shape() == c.h.shape() && t.norm_weight.numel() == D,
-              "mla_decode_chain: residual {}, normed {}, norm {} for h {}", shape_str(t.residual.shape()),
-              shape_str(t.normed.shape()), shape_str(t.norm_weight.shape()), shape_str(c.h.shape()));
-    p.route = route_params(t.bias, t.routing, 1, E, t.topk_ids, t.topk_weights, "mla_decode_chain");
-    require_valid_route(p.route, "mla_decode_chain");
+    MLA_CHECK(t.residual.shape() == c.h.shape() && t.normed.shape() == c.h.shape() && t.norm_weight.numel() == D &&
+                  t.logits.shape() == Shape({1, E}),
+              "mla_decode_chain: residual {}, normed {}, norm {}, logits {} for h {} and {} experts",
+              shape_str(t.residual.shape()), shape_str(t.normed.shape()), shape_str(t.norm_weight.shape()),
+              shape_str(t.logits.shape()), shape_str(c.h.shape()), E);
+    check_dev(t.logits, DType::F32, "mla_decode_chain", "logits");
+    p.num_experts = int(E);
+    p.logits = t.logits.data<float>();
     p.router = as_bf16(router.w, "mla_decode_chain");
     p.moe_norm = as_bf16(t.norm_weight, "mla_decode_chain");
     p.moe_eps = t.eps;
@@ -1059,6 +1062,24 @@ void CudaBackend::moe_select(const Tensor& h, const Weight& router, const Tensor
 
 void CudaBackend::moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids,
                               const Tensor& topk_weights, Tensor out) {
+  run_moe_experts(x, experts, topk_ids, topk_weights, out, nullptr);
+}
+
+void CudaBackend::moe_route_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& logits,
+                                    const Tensor& bias, const RouterParams& rp, Tensor topk_ids, Tensor topk_weights,
+                                    Tensor out) {
+  check_dev(logits, DType::F32, "moe_route_experts", "logits");
+  MLA_CHECK(logits.ndim() == 2 && logits.dim(0) == x.dim(0), "moe_route_experts: logits {} for x {}",
+            shape_str(logits.shape()), shape_str(x.shape()));
+  MoeRouteParams route = route_params(bias, rp, logits.dim(0), logits.dim(1), topk_ids, topk_weights,
+                                      "moe_route_experts");
+  route.logits = logits.data<float>();
+  if (run_moe_experts(x, experts, topk_ids, topk_weights, out, &route)) return;
+  Backend::moe_route_experts(x, experts, logits, bias, rp, topk_ids, topk_weights, out);
+}
+
+bool CudaBackend::run_moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids,
+                                  const Tensor& topk_weights, Tensor out, const MoeRouteParams* route) {
   auto* stacked = static_cast<const StackedExperts*>(experts.packed.get());
   MLA_CHECK(stacked, "moe_experts: experts were not loaded by the CUDA backend");
   const int64_t T = x.dim(0), D = x.dim(1), k = topk_ids.dim(1);
@@ -1078,7 +1099,8 @@ void CudaBackend::moe_experts(const Tensor& x, const ExpertWeights& experts, con
   batch.top_k = int(k);
   batch.num_shared = stacked->num_shared;
   batch.out = bf(out, "moe_experts", "out");
-  if (T == 0) return;
+  if (route && (stacked->fp8() || T == 0)) return false;
+  if (T == 0) return true;
   if (stacked->fp8()) {
     Fp8MoeParams p;
     static_cast<MoeBatch&>(p) = batch;
@@ -1088,14 +1110,19 @@ void CudaBackend::moe_experts(const Tensor& x, const ExpertWeights& experts, con
     p.w_down_scale = stacked->down_scale.data<float>();
     Tensor work = alloc({int64_t(fp8_moe_workspace_bytes(p))}, DType::U8);
     fp8_moe_experts(p, work.raw(), stream_);
-    return;
+    return true;
   }
   MoeExpertsParams p;
   static_cast<MoeBatch&>(p) = batch;
   p.w_gate_up = stacked->gate_up.data<__nv_bfloat16>();
   p.w_down = stacked->down.data<__nv_bfloat16>();
+  if (route) {
+    if (!moe_routes_in_kernels(p)) return false;
+    p.route = *route;
+  }
   Tensor work = alloc({int64_t(moe_workspace_bytes(p))}, DType::U8);
   cuda::moe_experts(p, work.raw(), stream_);
+  return true;
 }
 
 void CudaBackend::argmax_rows(const Tensor& logits, Tensor ids) {

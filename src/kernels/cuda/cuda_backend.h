@@ -16,6 +16,7 @@
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm_cublaslt.h"
+#include "kernels/cuda/moe_router.h"
 
 namespace mlaserve::cuda {
 
@@ -75,6 +76,8 @@ class CudaBackend final : public Backend {
                   Tensor topk_ids, Tensor topk_weights) override;
   void moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids, const Tensor& topk_weights,
                    Tensor out) override;
+  void moe_route_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& logits, const Tensor& bias,
+                         const RouterParams& p, Tensor topk_ids, Tensor topk_weights, Tensor out) override;
   void argmax_rows(const Tensor& logits, Tensor ids) override;
   void sample_rows(const Tensor& logits, const std::vector<RowSampling>& rows, Tensor ids) override;
 
@@ -131,6 +134,11 @@ class CudaBackend final : public Backend {
   // mla_prepare's kernel arguments, checked (check_mla_prepare).
   MlaPrepareParams prepare_params(const MlaPrepare& mp, const Tensor& positions, const Tensor& out_slots,
                                   const Tensor& inv_freq, float cos_sin_scale, bool q_a_rows_elsewhere);
+  // moe_experts; with route (the routing's logits and outputs), the kernels
+  // route the token themselves, or nothing runs and it returns false where
+  // they cannot (moe_routes_in_kernels).
+  bool run_moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids,
+                       const Tensor& topk_weights, Tensor out, const MoeRouteParams* route);
   // head_bmm's transposed product from block-FP8 w {H, N, K}.
   void head_bmm_fp8(const Tensor& x, const Weight& w, Tensor out);
   void check_head_bmm_fp8(const Tensor& x, const Weight& w) const;

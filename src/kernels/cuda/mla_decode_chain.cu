@@ -10,7 +10,6 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/grouped_gemm_sm90.cuh"
 #include "kernels/cuda/mma_sm80.cuh"
-#include "kernels/cuda/moe_route_token.cuh"
 #include "kernels/cuda/pdl.cuh"
 
 namespace mlaserve::cuda {
@@ -63,7 +62,7 @@ __host__ __device__ inline Layout layout_for(int grid) {
 // attention partials o{grid, H, L} and (m, l){grid, H} (f32).
 struct Scratch {
   __nv_bfloat16 *qkv, *q_cat, *attn;
-  float *partial_o, *partial_ml, *logits;
+  float *partial_o, *partial_ml;
 };
 __host__ __device__ inline size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 __host__ __device__ inline Scratch carve(void* base, int grid, size_t* bytes) {
@@ -80,7 +79,6 @@ __host__ __device__ inline Scratch carve(void* base, int grid, size_t* bytes) {
   s.attn = reinterpret_cast<__nv_bfloat16*>(take(2 * kAttnWidth));
   s.partial_o = reinterpret_cast<float*>(take(4 * size_t(grid) * kH * kL));
   s.partial_ml = reinterpret_cast<float*>(take(4 * size_t(grid) * kH * 2));
-  s.logits = reinterpret_cast<float*>(take(4 * size_t(kMaxRoutedExperts)));
   if (bytes) *bytes = off;
   return s;
 }
@@ -99,12 +97,6 @@ __device__ __forceinline__ unsigned long long load_acquire(const unsigned long l
   unsigned long long v;
   asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
-}
-
-__device__ __forceinline__ unsigned atomic_add_acq_rel(unsigned* p, unsigned v) {
-  unsigned old;
-  asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
 }
 
 // Grid barriers on one 64-bit arrival counter that only grows: a launch's
@@ -185,8 +177,6 @@ struct Misc {
   // warps reading such a row from L2 queued their requests on the same 32
   // lines (~2 us a phase on the H100).
   __nv_bfloat16 row[kD];
-  bool group_kept[32];  // route_token's (its sel_s is o)
-  bool last;
 #ifdef MLASERVE_CHAIN_TIMELINE
   unsigned long long timeline_enter;  // thread 0's
   int timeline_slot;
@@ -588,18 +578,19 @@ __device__ void merge_head(const Scratch& s, int h, int splits, Misc& m) {
 }
 
 // Phase 6 in block e < E: residual + out, its norm and router logit e (the
-// arithmetic of rms_norm and moe_select); the last block to finish writes
-// the residual and the normed row (no block reads the residual after its
-// own logit) and routes. w: this thread's 8 router weights and 8 norm
-// weights, loaded before the PDL wait.
-template <int kPerLane>
-__device__ void route_phase(const MlaDecodeChainParams& p, const Scratch& s, int e, uint4 router_w, uint4 norm_w,
+// arithmetic of rms_norm and linear_f32_out); block 0 also writes the
+// residual and the normed row. The MoE routes from the logits itself
+// (Backend::moe_route_experts), so the grid completes as soon as they are
+// written, ~5 us sooner than with an arrival count and the last block's
+// selection (v2-lite bs 1, H100: 2.270 against 2.305 ms a step). res: this
+// thread's 8 values of the residual, read before the fifth barrier (block 0
+// overwrites them after it); w: its 8 router and 8 norm weights, loaded
+// before the PDL wait.
+__device__ void route_phase(const MlaDecodeChainParams& p, int e, Bf16x8 res, uint4 router_w, uint4 norm_w,
                             Misc& m) {
   static_assert(kD == 8 * kThreads, "8 hidden values a thread");
   const int i0 = threadIdx.x * 8;
   float v[8], o[8], w[8], g[8];
-  Bf16x8 res;
-  *reinterpret_cast<uint4*>(&res) = load_cg(p.residual + i0);
   res.to_float(v);
   Bf16x8 out;
   *reinterpret_cast<uint4*>(&out) = load_cg(p.out + i0);
@@ -626,26 +617,12 @@ __device__ void route_phase(const MlaDecodeChainParams& p, const Scratch& s, int
 #pragma unroll
   for (int j = 0; j < 8; ++j) dot += w[j] * v[j];
   dot = block_sum(dot);
+  if (threadIdx.x == 0) p.logits[e] = dot;
+  if (e == 0) {
+    sum.store(p.residual + i0);
+    normed.store(p.normed + i0);
+  }
   CHAIN_STAMP(m, RouteLogit);
-  if (threadIdx.x == 0) {
-    s.logits[e] = dot;
-    // Releases this logit and acquires the earlier ones (for the last block,
-    // whose other threads the __syncthreads below orders after it): no
-    // separate fences (v2-lite bs 1, H100: ~0.5 us a layer).
-    m.last = atomic_add_acq_rel(reinterpret_cast<unsigned*>(p.barrier + 1), 1u) == unsigned(p.route.num_experts) - 1;
-  }
-  __syncthreads();
-  CHAIN_STAMP(m, RouteArrived);
-  if (!m.last) return;
-  sum.store(p.residual + i0);
-  normed.store(p.normed + i0);
-  if (threadIdx.x < 32) {
-    MoeRouteParams route = p.route;
-    route.logits = s.logits;
-    route_token<kPerLane>(route, 0, m.o, m.group_kept);
-    CHAIN_STAMP(m, Routed);
-  }
-  if (threadIdx.x == 0) *reinterpret_cast<unsigned*>(p.barrier + 1) = 0;  // ready for the next launch
 }
 
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecodeChainParams p) {
@@ -706,7 +683,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   sp.all_slots = p.kv_slots;
 
   load_constants(p, misc, b == grid - 1);
-  const bool routes = p.router && b < p.route.num_experts;
+  const bool routes = p.router && b < p.num_experts;
   uint4 router_w = make_uint4(0, 0, 0, 0), norm_w = make_uint4(0, 0, 0, 0);
   if (routes) {
     router_w = *reinterpret_cast<const uint4*>(p.router + size_t(b) * kD + tid * 8);
@@ -809,6 +786,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
     CHAIN_STAMP(misc, Exit);
     return;
   }
+  Bf16x8 residual;
+  *reinterpret_cast<uint4*>(&residual) = load_cg(p.residual + tid * 8);
   grid_barrier(p.barrier, base + 5 * grid);
   CHAIN_STAMP(misc, Barrier5);
   // The MoE's gate_up may launch now, on the SMs the blocks past the router's
@@ -816,8 +795,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   // while the route phase keeps DRAM idle (v2-lite bs 1, H100: 2.343 against
   // 2.357 ms a step; at the fourth barrier, beside o_proj: 2.45).
   pdl_launch_dependents();
-  if (p.route.num_experts <= 64) route_phase<2>(p, s, b, router_w, norm_w, misc);  // route_per_lane's choice
-  else route_phase<8>(p, s, b, router_w, norm_w, misc);
+  route_phase(p, b, residual, router_w, norm_w, misc);
   CHAIN_STAMP_ALL(misc, Exit);
 }
 
@@ -853,9 +831,7 @@ bool mla_decode_chain_applies(const MlaDecodeChainShape& s, int sm_count) {
   return layout_for(sm_count).total + attr.sharedSizeBytes <= size_t(max_smem);
 }
 
-bool mla_decode_chain_routes(int num_experts, int sm_count) {
-  return num_experts >= 1 && num_experts <= sm_count && route_per_lane(num_experts) <= 8;
-}
+bool mla_decode_chain_routes(int num_experts, int sm_count) { return num_experts >= 1 && num_experts <= sm_count; }
 
 size_t mla_decode_chain_scratch_bytes(int sm_count) {
   size_t bytes = 0;

@@ -21,9 +21,9 @@
 //   5. out[n] = attn · w_o[n] for the block's rows;
 //   6. at a MoE layer (router set), after a fifth barrier: each of the first
 //      E blocks adds out to the residual, norms it (every block for itself)
-//      and forms one router logit; the last to finish writes the residual
-//      and the normed row and routes (moe_select's selection), so the MoE
-//      waits on this kernel only.
+//      and forms one router logit; block 0 writes the residual and the normed
+//      row. The MoE routes from the logits (Backend::moe_route_experts), so
+//      it waits on this kernel only.
 // Intermediates are rounded to bf16 where the op-by-op path stores bf16
 // tensors, so both paths agree up to summation order.
 // Needs every block resident at once: the grid is one block per SM and a
@@ -37,8 +37,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-
-#include "kernels/cuda/moe_router.h"
 
 namespace mlaserve::cuda {
 
@@ -79,10 +77,10 @@ struct MlaDecodeChainParams {
   float moe_eps = 1e-6f;
   __nv_bfloat16* residual = nullptr;        // {D}, += out
   __nv_bfloat16* normed = nullptr;          // {D}
-  MoeRouteParams route;                     // logits are the kernel's (set by mla_decode_chain)
+  int num_experts = 0;                      // router rows E
+  float* logits = nullptr;                  // {E}: normed · router[e] (linear_f32_out's)
   // Scratch (mla_decode_chain_scratch_bytes); barrier: the grid barriers'
-  // arrival counter, zeroed once and kept between launches (it only grows),
-  // then the router's arrival count (back at zero after each launch).
+  // arrival counter, zeroed once and kept between launches (it only grows).
   void* scratch = nullptr;
   unsigned long long* barrier = nullptr;
 };
@@ -90,7 +88,7 @@ struct MlaDecodeChainParams {
 // Whether phase 6 handles E routed experts on this grid.
 bool mla_decode_chain_routes(int num_experts, int sm_count);
 // Bytes of the barrier buffer (zero it once).
-constexpr size_t kMlaDecodeChainBarrierBytes = 16;
+constexpr size_t kMlaDecodeChainBarrierBytes = 8;
 size_t mla_decode_chain_scratch_bytes(int sm_count);
 void mla_decode_chain(const MlaDecodeChainParams& p, int sm_count, cudaStream_t stream);
 
@@ -101,7 +99,7 @@ void mla_decode_chain(const MlaDecodeChainParams& p, int sm_count, cudaStream_t 
 // them in this order.
 enum class ChainEvent {
   Enter, WaitReturned, Phase1Done, Barrier1, Phase2Done, Barrier2, AttentionDone, Barrier3, Phase4Done, Barrier4,
-  Phase5Done, Barrier5, RouteNormed, RouteLogit, RouteArrived, Routed, Exit, Count
+  Phase5Done, Barrier5, RouteNormed, RouteLogit, Exit, Count
 };
 constexpr int kChainTimelineLaunches = 512, kChainTimelineBlocks = 256;
 // Writes the stamps of the last kChainTimelineLaunches launches to path as

@@ -222,6 +222,7 @@ void run_small(const MoeExpertsParams& p, void* workspace, cudaStream_t stream) 
   a.w = Bf16Stacks{p.w_gate_up, p.w_down};
   a.x = p.x;
   a.slots = MoeSlots{p.topk_ids, p.topk_weights, p.top_k, p.num_shared, p.num_experts};
+  a.route = p.route;
   a.num_tokens = p.num_tokens;
   a.hidden = p.hidden;
   a.inter = p.inter;
@@ -298,6 +299,10 @@ MoePath moe_path(const MoeExpertsParams& p) {
   return MoePath::Grouped;
 }
 
+bool moe_routes_in_kernels(const MoeExpertsParams& p) {
+  return p.num_tokens == 1 && moe_path(p) == MoePath::Small && p.num_experts <= 32 * kSmallRoutePerLane;
+}
+
 size_t moe_workspace_bytes(const MoeExpertsParams& p) {
   switch (moe_path(p)) {
     case MoePath::Small:
@@ -315,6 +320,15 @@ void moe_experts(const MoeExpertsParams& p, void* workspace, cudaStream_t stream
                    "moe_experts: hidden " + std::to_string(p.hidden) + " and intermediate " +
                        std::to_string(p.inter) + " must be multiples of 8, top_k + shared experts at most " +
                        std::to_string(kMoeMaxSlots));
+  if (p.route.logits) {
+    MLA_CUDA_REQUIRE(moe_routes_in_kernels(p) && p.route.num_tokens == 1 && p.route.num_experts == p.num_experts &&
+                         p.route.top_k == p.top_k && p.route.topk_ids == p.topk_ids &&
+                         p.route.topk_weights == p.topk_weights,
+                     "moe_experts: routing inside the kernels takes one token on the small path, at most " +
+                         std::to_string(32 * kSmallRoutePerLane) +
+                         " experts, and route's outputs as topk_ids / weights");
+    require_valid_route(p.route, "moe_experts");
+  }
   if (p.num_tokens == 0) return;
   switch (moe_path(p)) {
     case MoePath::Small:

@@ -35,6 +35,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/moe_batch.h"
+#include "kernels/cuda/moe_router.h"
 
 namespace mlaserve::cuda {
 
@@ -55,6 +56,11 @@ struct MoeExpertsParams : MoeBatch {
   const __nv_bfloat16* w_down = nullptr;     // {E + S, D, I}
   MoePath path = MoePath::Auto;
   MoeSmallTuning tuning;
+  // route.logits set (where moe_routes_in_kernels): the small path's kernels
+  // route the token from these logits themselves and write the routing to
+  // route's topk_ids / topk_weights (topk_ids / topk_weights above must name
+  // the same buffers) instead of reading it.
+  MoeRouteParams route;
 };
 
 // Row of the stacked gate_up matrix holding gate (is_up false) or up row i.
@@ -75,6 +81,9 @@ constexpr int kMoeSm90MinTokens = 64;
 
 // The path a batch takes (shape-only, so graph-capturable decisions).
 MoePath moe_path(const MoeExpertsParams& p);
+// Whether p's kernels can route from logits (MoeExpertsParams::route): one
+// token on the small path, at most 64 routed experts.
+bool moe_routes_in_kernels(const MoeExpertsParams& p);
 // The grouped GEMM's row block: 16 when experts see few rows, 64 otherwise.
 int moe_block_m(int num_tokens, int slots_per_token, int num_experts);
 // Workspace for the path of this shape (the pointers in p are not read).

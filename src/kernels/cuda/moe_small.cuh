@@ -14,7 +14,10 @@
 // dequantized in registers (16 values and one 128x128 block scale a chunk).
 //
 // Both kernels are programmatic dependents (pdl.cuh): each launches during
-// the previous kernel's tail and waits before reading the routing.
+// the previous kernel's tail and waits before reading the routing. With one
+// token on bf16 stacks they may instead route from the router's logits
+// themselves (SmallMoeArgs::route, Backend::moe_route_experts): the decode
+// chain then ends when it has written the logits.
 // NOTES: decode is bound by streaming expert weights, so every lane keeps 16
 // 16-byte weight loads in flight (ld.global.nc.L1::no_allocate: read once,
 // kept out of L1, where x and act, which every warp re-reads, stay), and the
@@ -29,6 +32,8 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/fp8_common.cuh"
 #include "kernels/cuda/moe_align.cuh"
+#include "kernels/cuda/moe_route_token.cuh"
+#include "kernels/cuda/moe_router.h"
 #include "kernels/cuda/pdl.cuh"
 
 namespace mlaserve::cuda {
@@ -43,6 +48,9 @@ constexpr int kSmallGateUpWarps = 4, kSmallDownWarps = 8;
 // At 4 tokens 4 columns stay faster (126.5 against 129.7 us, H200).
 constexpr int kSmallGateUpColsOneToken = 2;
 constexpr int kSmallMaxSlotsPerToken = 16;
+// Experts a lane holds when the kernels route (route_token's kRoutePerLane):
+// up to 64 routed experts, V2-Lite's.
+constexpr int kSmallRoutePerLane = 2;
 
 // n (a multiple of 8) bf16 values at p as f32.
 template <int kN>
@@ -70,6 +78,9 @@ struct Bf16Stacks {
   // against 2.357 ms a step, 2.351 against 2.378). It takes the kernel from
   // 80 to 127 registers; capping it at 80 (6 blocks an SM) spills: 2.70.
   static constexpr bool kEarlySharedGateUp = true;
+  // One token: the kernels may route from the router's logits (the decode
+  // chain's tail posts them).
+  static constexpr bool kRoutesFromLogits = true;
   const __nv_bfloat16 *gate_up, *down;
 
   __device__ const uint8_t* gate_up_row(int e, int col, bool up, int I, int D) const {
@@ -102,8 +113,10 @@ struct Fp8Stacks {
   // to 174 and an SM from two blocks to one (v3-slice bs 1, H100: 1.87
   // against 1.84 ms a step).
   static constexpr bool kEarlyDownWeights = false;
-  // Nothing launches it early: the decode chain runs at V2-Lite's widths.
+  // Nothing launches it early or posts logits for it: the decode chain runs
+  // at V2-Lite's widths.
   static constexpr bool kEarlySharedGateUp = false;
+  static constexpr bool kRoutesFromLogits = false;
   const uint8_t *gate_up, *down;
   const float *gate_up_scale_, *down_scale_;
 
@@ -128,12 +141,44 @@ struct SmallMoeArgs {
   Stacks w;
   const __nv_bfloat16* x;  // {T, D}
   MoeSlots slots;
+  // route.logits set (one token, Stacks::kRoutesFromLogits): blocks that need
+  // the routing form it from the logits; the routing outputs (route's
+  // topk_ids / topk_weights, which slots names too) receive it.
+  MoeRouteParams route;
   int num_tokens, hidden, inter;
   __nv_bfloat16* act;       // {T * slots_per_token, I}
   float* part;              // {T * slots_per_token, D}: weight * down(act) of each slot
   unsigned* tile_arrivals;  // {down tiles}: zeroed by gate_up, counted by down
   int down_tiles;
   __nv_bfloat16* out;       // {T, D}
+};
+
+// One token's routing as a block forms it from the router's logits (warp 0
+// runs route_token on what the kernel before wrote, ~1,000 blocks each
+// reading the same 64 logits from L2).
+struct BlockRoute {
+  int32_t ids[kMaxTopK];
+  float weights[kMaxTopK];
+  float sel[32 * kSmallRoutePerLane];
+  bool group_kept[32];
+
+  template <typename Stacks>
+  __device__ void form(const SmallMoeArgs<Stacks>& a, bool publish) {
+    if (threadIdx.x < 32) {
+      MoeRouteParams p = a.route;
+      p.topk_ids = ids;
+      p.topk_weights = weights;
+      route_token<kSmallRoutePerLane>(p, 0, sel, group_kept);
+      if (publish && threadIdx.x < p.top_k) {  // the lanes route_token's outputs came from
+        a.route.topk_ids[threadIdx.x] = ids[threadIdx.x];
+        a.route.topk_weights[threadIdx.x] = weights[threadIdx.x];
+      }
+    }
+    __syncthreads();
+  }
+  // Slot j of the token, as MoeSlots reads it from global memory.
+  __device__ int expert(const MoeSlots& s, int j) const { return j < s.top_k ? ids[j] : s.num_experts + j - s.top_k; }
+  __device__ float weight(const MoeSlots& s, int j) const { return j < s.top_k ? weights[j] : 1.0f; }
 };
 
 // The slots of blockIdx's expert that its block computes: every slot of
@@ -179,6 +224,7 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
   constexpr int kE = Stacks::kElems, kUnroll = 8 / kCols;
   __shared__ int s_slot[kMaxTok];
   __shared__ int s_n;
+  __shared__ BlockRoute s_route;
   const int per_token = a.slots.per_token(), total = a.num_tokens * per_token;
   // With one token (bf16 stacks) the shared slots come first (a rotation of
   // the slots): their experts are known without the routing, so their blocks
@@ -219,7 +265,13 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
   pdl_launch_dependents();
   if (blockIdx.x == 0 && blockIdx.y == 0)
     for (int i = threadIdx.x; i < a.down_tiles; i += blockDim.x) a.tile_arrivals[i] = 0;
-  const int expert = a.slots.expert(slot0);
+  // The routed slots' blocks route; the block of slot 0's first column tile
+  // publishes the routing.
+  constexpr bool kRoute = Stacks::kRoutesFromLogits && kMaxTok == 1;
+  const bool routes = kRoute && a.route.logits;
+  if constexpr (kRoute)
+    if (routes && slot0 < a.slots.top_k) s_route.form(a, slot0 == 0 && blockIdx.x == 0);
+  const int expert = routes ? s_route.expert(a.slots, slot0) : a.slots.expert(slot0);
   gather_expert_slots<kMaxTok>(a.slots, slot0, total, s_slot, &s_n);
   const int n = s_n;
   if (n == 0 || col0 >= a.inter) return;
@@ -284,6 +336,7 @@ __global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(Sm
   __shared__ int s_slot[kMaxTok];
   __shared__ int s_n;
   __shared__ bool s_last;
+  __shared__ BlockRoute s_route;
   // Early: the routing is complete (gate_up waited for it before letting
   // this kernel launch), so the block's first round of weights is requested
   // during gate_up's tail; act needs the wait.
@@ -293,10 +346,16 @@ __global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(Sm
   const int D = a.hidden, I = a.inter, chunks = I / kE;
   const int d0 = blockIdx.x * kTileRows, r0 = d0 + warp * kRowsPerWarp;
   if constexpr (!kEarly) pdl_enter();
+  // Routing from the logits: the kernel that wrote them completed before
+  // gate_up's wait returned, and this grid launched after that.
+  constexpr bool kRoute = Stacks::kRoutesFromLogits && kMaxTok == 1;
+  const bool routes = kRoute && a.route.logits;
+  if constexpr (kRoute)
+    if (routes && slot0 < a.slots.top_k) s_route.form(a, false);
   gather_expert_slots<kMaxTok>(a.slots, slot0, total, s_slot, &s_n);
   const int n = s_n;
   const bool works = n > 0 && r0 < D;
-  const int expert = works ? a.slots.expert(slot0) : 0;
+  const int expert = !works ? 0 : routes ? s_route.expert(a.slots, slot0) : a.slots.expert(slot0);
   const uint8_t* row[kRowsPerWarp];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) row[r] = a.w.down_row(expert, min(r0 + r, D - 1), I, D);
@@ -322,7 +381,7 @@ __global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(Sm
 #pragma unroll
     for (int t = 0; t < kMaxTok; ++t) {
       slot[t] = t < n ? s_slot[t] : slot0;
-      weight[t] = a.slots.weight(slot[t]);
+      weight[t] = routes ? s_route.weight(a.slots, slot[t]) : a.slots.weight(slot[t]);
     }
     float acc[kRowsPerWarp][kMaxTok] = {};
     for (int k0 = 0; k0 < chunks; k0 += 32 * kUnroll) {
