@@ -306,6 +306,39 @@ TEST(MoeExperts, AutoPicksTheSmallPathOnlyForDecodeSizedBatches) {
   EXPECT_EQ(moe_path(p), MoePath::Grouped);
 }
 
+// rel_l2 of n bf16 values of a host tensor against n f32 values of another.
+double rel_l2_bf16_vs_f32(const Tensor& got_bf16, const Tensor& want_f32, size_t n) {
+  std::vector<float> got(n);
+  std::vector<double> want(n);
+  for (size_t i = 0; i < n; ++i) {
+    got[i] = bf16_to_f32(got_bf16.data<uint16_t>()[i]);
+    want[i] = want_f32.data<float>()[i];
+  }
+  return rel_l2(got, want);
+}
+
+// E random experts of width I over D and a shared MLP of width S * I as the
+// host views the model hands the backends (the values live in `store`).
+struct HostExperts {
+  std::vector<std::vector<uint16_t>> store;
+  std::vector<Weight> gate, up, down;
+  SharedExpertWeights shared;
+  HostExperts(int64_t E, int64_t I, int64_t D, int64_t S, std::mt19937& rng) {
+    store.reserve(size_t(3 * E + 3));
+    auto host_weight = [&](int64_t n, int64_t k) {
+      store.push_back(random_bf16(size_t(n * k), rng, 0.08f));
+      return Weight{Tensor::wrap(store.back().data(), {n, k}, DType::BF16, Device::CPU), {}};
+    };
+    for (int64_t e = 0; e < E; ++e) {
+      gate.push_back(host_weight(I, D));
+      up.push_back(host_weight(I, D));
+      down.push_back(host_weight(D, I));
+    }
+    shared = SharedExpertWeights{host_weight(S * I, D), host_weight(S * I, D), host_weight(D, S * I)};
+  }
+  ExpertWeights load(Backend& be) const { return be.load_experts(gate, up, down, shared); }
+};
+
 // The model's path: CudaBackend folds the shared MLP (width S * I) into S
 // stacked experts; the CPU backend (the reference) runs it whole. Weights are
 // handed over as host views, as the model does.
@@ -315,19 +348,7 @@ TEST_P(BackendSharedExperts, FoldedSharedExpertsMatchTheCpuBackend) {
   MLA_SKIP_WITHOUT_GPU();
   const int64_t T = GetParam(), D = 256, I = 128, E = 8, K = 2, S = 2;
   std::mt19937 rng(100 + unsigned(T));
-  std::vector<std::vector<uint16_t>> store;
-  auto host_weight = [&](int64_t n, int64_t k) {
-    store.push_back(random_bf16(size_t(n * k), rng, 0.08f));
-    return Weight{Tensor::wrap(store.back().data(), {n, k}, DType::BF16, Device::CPU), {}};
-  };
-  store.reserve(3 * E + 3);
-  std::vector<Weight> gate, up, down;
-  for (int64_t e = 0; e < E; ++e) {
-    gate.push_back(host_weight(I, D));
-    up.push_back(host_weight(I, D));
-    down.push_back(host_weight(D, I));
-  }
-  const SharedExpertWeights shared{host_weight(S * I, D), host_weight(S * I, D), host_weight(D, S * I)};
+  const HostExperts host(E, I, D, S, rng);
   std::vector<int32_t> ids(size_t(T * K));
   std::vector<float> weights(ids.size());
   std::uniform_real_distribution<float> wdist(0.1f, 1.0f);
@@ -341,14 +362,14 @@ TEST_P(BackendSharedExperts, FoldedSharedExpertsMatchTheCpuBackend) {
   std::vector<float> x_f32 = to_float(x);
 
   auto cpu = make_cpu_backend();
-  const ExpertWeights cpu_experts = cpu->load_experts(gate, up, down, shared);
+  const ExpertWeights cpu_experts = host.load(*cpu);
   Tensor cpu_out = cpu->alloc({T, D}, DType::F32);
   cpu->moe_experts(Tensor::wrap(x_f32.data(), {T, D}, DType::F32, Device::CPU), cpu_experts,
                    Tensor::wrap(ids.data(), {T, K}, DType::I32, Device::CPU),
                    Tensor::wrap(weights.data(), {T, K}, DType::F32, Device::CPU), cpu_out);
 
   CudaBackend cuda;
-  const ExpertWeights cuda_experts = cuda.load_experts(gate, up, down, shared);
+  const ExpertWeights cuda_experts = host.load(cuda);
   ASSERT_EQ(cuda_experts.num_shared, int(S));
   ASSERT_EQ(cuda_experts.num_experts(), int(E));
   Tensor dx = cuda.load_tensor(Tensor::wrap(x.data(), {T, D}, DType::BF16, Device::CPU));
@@ -356,14 +377,7 @@ TEST_P(BackendSharedExperts, FoldedSharedExpertsMatchTheCpuBackend) {
   Tensor dw = cuda.load_tensor(Tensor::wrap(weights.data(), {T, K}, DType::F32, Device::CPU));
   Tensor out = cuda.alloc({T, D}, DType::BF16);
   cuda.moe_experts(dx, cuda_experts, dids, dw, out);
-  const Tensor host_out = cuda.to_host(out);
-  std::vector<float> got(size_t(T * D));
-  std::vector<double> want(got.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    got[i] = bf16_to_f32(host_out.data<uint16_t>()[i]);
-    want[i] = cpu_out.data<float>()[i];
-  }
-  const double err = rel_l2(got, want);
+  const double err = rel_l2_bf16_vs_f32(cuda.to_host(out), cpu_out, size_t(T * D));
   std::printf("[rel_l2] backend moe_experts with %d shared experts, T=%d, CUDA vs CPU: %.2e\n", int(S), int(T), err);
   EXPECT_LT(err, 1e-2);
 }
@@ -378,23 +392,11 @@ TEST(BackendRouteExperts, RoutingInsideTheKernelsEqualsRouteThenExperts) {
   MLA_SKIP_WITHOUT_GPU();
   const int64_t D = 256, I = 128, E = 64, S = 2;
   std::mt19937 rng(77);
-  std::vector<std::vector<uint16_t>> store;
-  store.reserve(3 * E + 3);
-  auto host_weight = [&](int64_t n, int64_t k) {
-    store.push_back(random_bf16(size_t(n * k), rng, 0.08f));
-    return Weight{Tensor::wrap(store.back().data(), {n, k}, DType::BF16, Device::CPU), {}};
-  };
-  std::vector<Weight> gate, up, down;
-  for (int64_t e = 0; e < E; ++e) {
-    gate.push_back(host_weight(I, D));
-    up.push_back(host_weight(I, D));
-    down.push_back(host_weight(D, I));
-  }
-  const SharedExpertWeights shared{host_weight(S * I, D), host_weight(S * I, D), host_weight(D, S * I)};
+  const HostExperts host(E, I, D, S, rng);
   auto cpu = make_cpu_backend();
   CudaBackend cuda;
-  const ExpertWeights cpu_experts = cpu->load_experts(gate, up, down, shared);
-  const ExpertWeights cuda_experts = cuda.load_experts(gate, up, down, shared);
+  const ExpertWeights cpu_experts = host.load(*cpu);
+  const ExpertWeights cuda_experts = host.load(cuda);
 
   RouterParams v2_lite;  // softmax, greedy top 6
   v2_lite.top_k = 6;
@@ -451,17 +453,16 @@ TEST(BackendRouteExperts, RoutingInsideTheKernelsEqualsRouteThenExperts) {
                              cpu_w, cpu_out);
       EXPECT_EQ(std::vector<int32_t>(cpu_ids.data<int32_t>(), cpu_ids.data<int32_t>() + T * K),
                 std::vector<int32_t>(ib.data<int32_t>(), ib.data<int32_t>() + T * K));
-      std::vector<float> got(size_t(T * D));
-      std::vector<double> want(got.size());
-      for (size_t i = 0; i < got.size(); ++i) {
-        got[i] = bf16_to_f32(hb.data<uint16_t>()[i]);
-        want[i] = cpu_out.data<float>()[i];
-      }
-      const double err = rel_l2(got, want);
+      const double err = rel_l2_bf16_vs_f32(hb, cpu_out, size_t(T * D));
       std::printf("[rel_l2] backend moe_route_experts method %d, T=%d, CUDA vs CPU: %.2e\n", int(rp.method), int(T),
                   err);
       EXPECT_LT(err, 1e-2);
     }
+  // Logits of another expert count are refused before anything runs.
+  Tensor x = cuda.alloc({1, D}, DType::BF16), narrow = cuda.alloc({1, E - 1}, DType::F32);
+  Tensor ids = cuda.alloc({1, 6}, DType::I32), w = cuda.alloc({1, 6}, DType::F32);
+  Tensor out = cuda.alloc({1, D}, DType::BF16);
+  EXPECT_THROW(cuda.moe_route_experts(x, cuda_experts, narrow, Tensor(), v2_lite, ids, w, out), Error);
 }
 
 }  // namespace

@@ -1069,8 +1069,9 @@ void CudaBackend::moe_route_experts(const Tensor& x, const ExpertWeights& expert
                                     const Tensor& bias, const RouterParams& rp, Tensor topk_ids, Tensor topk_weights,
                                     Tensor out) {
   check_dev(logits, DType::F32, "moe_route_experts", "logits");
-  MLA_CHECK(logits.ndim() == 2 && logits.dim(0) == x.dim(0), "moe_route_experts: logits {} for x {}",
-            shape_str(logits.shape()), shape_str(x.shape()));
+  MLA_CHECK(logits.ndim() == 2 && logits.dim(0) == x.dim(0) && logits.dim(1) == experts.num_experts(),
+            "moe_route_experts: logits {} for x {} and {} routed experts", shape_str(logits.shape()),
+            shape_str(x.shape()), experts.num_experts());
   MoeRouteParams route = route_params(bias, rp, logits.dim(0), logits.dim(1), topk_ids, topk_weights,
                                       "moe_route_experts");
   route.logits = logits.data<float>();
