@@ -728,10 +728,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
 
   // 3. Attention over this block's split.
   if (sp.rows > 0) attention_split(p, s, smem, b, sp);
-  // No early launch of the next kernels here: their weight requests would
-  // run beside the latency-bound phases that follow and lengthen them (bs 1
-  // on the H200: 2.04 ms a step against 2.14 with the trigger here, 2.11
-  // after the next barrier). The route phase's trigger is below.
+  // The next kernel's trigger is below the fifth barrier. Here it made the
+  // step slower while a chain block left room for other blocks beside it
+  // (bs 1 on the H200: 2.04 ms a step against 2.14); with a block filling
+  // its SM, after barrier 1 or 4 it is within noise (perf.md, session 26).
   CHAIN_STAMP_ALL(misc, AttentionDone);
   grid_barrier(p.barrier, base + 3 * grid);
   CHAIN_STAMP(misc, Barrier3);
@@ -793,7 +793,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   // The MoE's gate_up may launch now, on the SMs the blocks past the router's
   // rows just left: its shared experts' blocks request their first weights
   // while the route phase keeps DRAM idle (v2-lite bs 1, H100: 2.343 against
-  // 2.357 ms a step; at the fourth barrier, beside o_proj: 2.45).
+  // 2.357 ms a step).
   pdl_launch_dependents();
   route_phase(p, b, residual, router_w, norm_w, misc);
   CHAIN_STAMP_ALL(misc, Exit);
