@@ -162,23 +162,38 @@ struct BlockRoute {
   float sel[32 * kSmallRoutePerLane];
   bool group_kept[32];
 
-  template <typename Stacks>
-  __device__ void form(const SmallMoeArgs<Stacks>& a, bool publish) {
-    if (threadIdx.x < 32) {
-      MoeRouteParams p = a.route;
-      p.topk_ids = ids;
-      p.topk_weights = weights;
-      route_token<kSmallRoutePerLane>(p, 0, sel, group_kept);
-      if (publish && threadIdx.x < p.top_k) {  // the lanes route_token's outputs came from
-        a.route.topk_ids[threadIdx.x] = ids[threadIdx.x];
-        a.route.topk_weights[threadIdx.x] = weights[threadIdx.x];
+  // Whether the kernels route from the logits (one token, Stacks that do,
+  // a.route.logits set); if so and slot0 is a routed slot, forms the routing
+  // (publish: also writes it to route's outputs).
+  template <typename Stacks, int kMaxTok>
+  __device__ bool form(const SmallMoeArgs<Stacks>& a, int slot0, bool publish) {
+    if constexpr (Stacks::kRoutesFromLogits && kMaxTok == 1) {
+      if (!a.route.logits) return false;
+      if (slot0 >= a.slots.top_k) return true;  // a shared expert's slot
+      if (threadIdx.x < 32) {
+        MoeRouteParams p = a.route;
+        p.topk_ids = ids;
+        p.topk_weights = weights;
+        route_token<kSmallRoutePerLane>(p, 0, sel, group_kept);
+        if (publish && threadIdx.x < p.top_k) {  // the lanes route_token's outputs came from
+          a.route.topk_ids[threadIdx.x] = ids[threadIdx.x];
+          a.route.topk_weights[threadIdx.x] = weights[threadIdx.x];
+        }
       }
+      __syncthreads();
+      return true;
+    } else {
+      return false;
     }
-    __syncthreads();
   }
-  // Slot j of the token, as MoeSlots reads it from global memory.
-  __device__ int expert(const MoeSlots& s, int j) const { return j < s.top_k ? ids[j] : s.num_experts + j - s.top_k; }
-  __device__ float weight(const MoeSlots& s, int j) const { return j < s.top_k ? weights[j] : 1.0f; }
+  // The slot's expert and weight: from the block's routing where form
+  // returned true (routed), else as MoeSlots reads them.
+  __device__ int expert(const MoeSlots& s, int slot, bool routed) const {
+    return routed && slot < s.top_k ? ids[slot] : s.expert(slot);
+  }
+  __device__ float weight(const MoeSlots& s, int slot, bool routed) const {
+    return routed && slot < s.top_k ? weights[slot] : s.weight(slot);
+  }
 };
 
 // The slots of blockIdx's expert that its block computes: every slot of
@@ -267,11 +282,8 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
     for (int i = threadIdx.x; i < a.down_tiles; i += blockDim.x) a.tile_arrivals[i] = 0;
   // The routed slots' blocks route; the block of slot 0's first column tile
   // publishes the routing.
-  constexpr bool kRoute = Stacks::kRoutesFromLogits && kMaxTok == 1;
-  const bool routes = kRoute && a.route.logits;
-  if constexpr (kRoute)
-    if (routes && slot0 < a.slots.top_k) s_route.form(a, slot0 == 0 && blockIdx.x == 0);
-  const int expert = routes ? s_route.expert(a.slots, slot0) : a.slots.expert(slot0);
+  const bool routes = s_route.form<Stacks, kMaxTok>(a, slot0, slot0 == 0 && blockIdx.x == 0);
+  const int expert = s_route.expert(a.slots, slot0, routes);
   gather_expert_slots<kMaxTok>(a.slots, slot0, total, s_slot, &s_n);
   const int n = s_n;
   if (n == 0 || col0 >= a.inter) return;
@@ -348,14 +360,11 @@ __global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(Sm
   if constexpr (!kEarly) pdl_enter();
   // Routing from the logits: the kernel that wrote them completed before
   // gate_up's wait returned, and this grid launched after that.
-  constexpr bool kRoute = Stacks::kRoutesFromLogits && kMaxTok == 1;
-  const bool routes = kRoute && a.route.logits;
-  if constexpr (kRoute)
-    if (routes && slot0 < a.slots.top_k) s_route.form(a, false);
+  const bool routes = s_route.form<Stacks, kMaxTok>(a, slot0, false);
   gather_expert_slots<kMaxTok>(a.slots, slot0, total, s_slot, &s_n);
   const int n = s_n;
   const bool works = n > 0 && r0 < D;
-  const int expert = !works ? 0 : routes ? s_route.expert(a.slots, slot0) : a.slots.expert(slot0);
+  const int expert = works ? s_route.expert(a.slots, slot0, routes) : 0;
   const uint8_t* row[kRowsPerWarp];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) row[r] = a.w.down_row(expert, min(r0 + r, D - 1), I, D);
@@ -381,7 +390,7 @@ __global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(Sm
 #pragma unroll
     for (int t = 0; t < kMaxTok; ++t) {
       slot[t] = t < n ? s_slot[t] : slot0;
-      weight[t] = routes ? s_route.weight(a.slots, slot[t]) : a.slots.weight(slot[t]);
+      weight[t] = s_route.weight(a.slots, slot[t], routes);
     }
     float acc[kRowsPerWarp][kMaxTok] = {};
     for (int k0 = 0; k0 < chunks; k0 += 32 * kUnroll) {
