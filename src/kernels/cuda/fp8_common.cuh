@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/fp8_quant.h"
+#include "kernels/cuda/l2_policy.cuh"
 
 namespace mlaserve::cuda {
 
@@ -26,12 +27,12 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float
 __device__ __forceinline__ float fp8_group_scale(float amax) { return fmaxf(amax, kFp8ScaleEps) / kE4M3Max; }
 
 // 16 bytes read once (weights streamed by decode GEMVs): kept out of L1,
-// where the activations every warp re-reads stay.
+// where the activations every warp re-reads stay, and first to leave L2.
 __device__ __forceinline__ uint4 load_weights_16(const uint8_t* p) {
   uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
+      : "l"(p), "l"(stream_once_policy()));
   return v;
 }
 

@@ -9,6 +9,7 @@
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/grouped_gemm_sm90.cuh"
+#include "kernels/cuda/l2_policy.cuh"
 #include "kernels/cuda/mma_sm80.cuh"
 #include "kernels/cuda/pdl.cuh"
 
@@ -83,11 +84,11 @@ __host__ __device__ inline Scratch carve(void* base, int grid, size_t* bytes) {
   return s;
 }
 
+// Weights: read once a step, first to leave L2.
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          sm90::smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(sm90::smem_u32(bar))
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+      ::"r"(sm90::smem_u32(dst)), "l"(src), "r"(bytes), "r"(sm90::smem_u32(bar)), "l"(stream_once_policy())
       : "memory");
 }
 

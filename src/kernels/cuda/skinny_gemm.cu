@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/l2_policy.cuh"
 #include "kernels/cuda/pdl.cuh"
 
 namespace mlaserve::cuda {
@@ -21,12 +22,13 @@ constexpr int kVecElems = 8;              // bf16 values in a 16-byte load
 constexpr int kWarpVecElems = 32 * kVecElems;  // elements a warp covers per load
 constexpr int kTargetBlocks = 264;        // 2 per SM on an H100/H200: spread small matrices
 
-// Streamed once: not worth a line in L1, which the activations use.
+// Streamed once: not worth a line in L1, which the activations use, and
+// first to leave L2.
 __device__ __forceinline__ uint4 load_weight(const __nv_bfloat16* p) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+               : "l"(p), "l"(stream_once_policy()));
   return v;
 }
 
