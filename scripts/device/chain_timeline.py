@@ -18,10 +18,11 @@ import statistics
 import sys
 
 EVENTS = ['blocks enter', 'PDL wait returns', 'phase 1 (qkv rows) done', 'barrier 1', 'phase 2 (W_UK) done',
-          'barrier 2', 'attention splits done', 'barrier 3', 'phase 4 (merge, W_UV) done', 'barrier 4',
+          'barrier 2', 'attention: q and first tile in', 'attention: first scores', 'attention: first P·V',
+          'attention splits done', 'barrier 3', 'phase 4: first head merged', 'phase 4 (merge, W_UV) done', 'barrier 4',
           'phase 5 (o_proj) done', 'barrier 5', 'route: residual normed', 'route: logit written', 'exit']
 LAUNCHES, BLOCKS = 512, 256
-ENTER, WAIT, PHASE1, BARRIER5, EXIT = 0, 1, 2, 11, 14
+ENTER, WAIT, PHASE1, BARRIER5, EXIT = 0, 1, 2, 15, 18
 
 
 def main(path):

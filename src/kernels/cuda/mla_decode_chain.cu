@@ -380,7 +380,7 @@ __device__ void preload_split(const MlaDecodeChainParams& p, const Split& sp, ui
 // (8-row groups) x 2 (dim halves) grid, then each warp owns 64 of the 512
 // output dims.
 __device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s, uint8_t* smem, int split,
-                                const Split& sp) {
+                                const Split& sp, Misc& m) {
   const AttnSmem a(smem);
   __nv_bfloat16 *q_s = a.q, *k_s = a.k, *p_s = a.p;
   float *score_s = a.score, *exchange = a.exchange;
@@ -412,6 +412,7 @@ __device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s,
       cp_async_wait<0>();
     }
     __syncthreads();
+    if (t == 0) CHAIN_STAMP(m, AttnFirstTileIn);
     const __nv_bfloat16* kt = k_s + (t % 2) * kTile * kPitch;
 
     // Scores of 8 rows x 16 heads over half of the 576 dims, two k-steps a round.
@@ -440,6 +441,7 @@ __device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s,
       score_s[(g + 8) * kTile + col + 1] = c[3] + exchange[(n_tile * 32 + lane) * 4 + 3];
     }
     __syncthreads();
+    if (t == 0) CHAIN_STAMP(m, AttnFirstScores);
 
     // Online softmax: a warp per two heads (interleaved), a lane per row
     // (tile row 0 is valid).
@@ -500,6 +502,7 @@ __device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s,
       }
     }
     __syncthreads();  // the stage is refilled two tiles on
+    if (t == 0) CHAIN_STAMP(m, AttnFirstPv);
   }
 
   float* po = s.partial_o + size_t(split) * kH * kL;
@@ -728,7 +731,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   CHAIN_STAMP(misc, Barrier2);
 
   // 3. Attention over this block's split.
-  if (sp.rows > 0) attention_split(p, s, smem, b, sp);
+  if (sp.rows > 0) attention_split(p, s, smem, b, sp, misc);
   // The next kernel's trigger is below the fifth barrier. Here it made the
   // step slower while a chain block left room for other blocks beside it
   // (bs 1 on the H200: 2.04 ms a step against 2.14); with a block filling
@@ -743,6 +746,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   for (int r = uv0; r < uv0 + uv_n;) {
     const int h = r / kDv, end = min(uv0 + uv_n, (h + 1) * kDv);
     merge_head(s, h, splits, misc);
+    if (r == uv0) CHAIN_STAMP(misc, FirstMergeDone);
     const int lane = tid % 32, warp = tid / 32;
     for (int i = r + warp; i < end; i += kWarps) {
       float acc = 0.0f;
