@@ -505,13 +505,24 @@ __device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s,
     if (t == 0) CHAIN_STAMP(m, AttnFirstPv);
   }
 
-  float* po = s.partial_o + size_t(split) * kH * kL;
+  // The output through the tiles' stages (free after the loop's last
+  // barrier) into whole-line stores: the fragments' own stores touch 8 rows'
+  // lines each. Rows padded to 520 floats: the 8 rows a store writes fall
+  // on distinct banks.
+  constexpr int kStagePitch = kL + 8;
+  static_assert(sizeof(float) * kH * kStagePitch <= sizeof(__nv_bfloat16) * 2 * kTile * kPitch, "fits the stages");
+  float* stage = reinterpret_cast<float*>(k_s);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int d = warp * 64 + j * 8 + 2 * c4;
-    *reinterpret_cast<float2*>(po + g * kL + d) = make_float2(o[j][0], o[j][1]);
-    *reinterpret_cast<float2*>(po + (g + 8) * kL + d) = make_float2(o[j][2], o[j][3]);
+    *reinterpret_cast<float2*>(stage + g * kStagePitch + d) = make_float2(o[j][0], o[j][1]);
+    *reinterpret_cast<float2*>(stage + (g + 8) * kStagePitch + d) = make_float2(o[j][2], o[j][3]);
   }
+  __syncthreads();
+  float4* po = reinterpret_cast<float4*>(s.partial_o + size_t(split) * kH * kL);
+#pragma unroll
+  for (int i = tid; i < kH * kL / 4; i += kThreads)
+    po[i] = *reinterpret_cast<const float4*>(stage + i / (kL / 4) * kStagePitch + i % (kL / 4) * 4);
   if (tid < kH)
     *reinterpret_cast<float2*>(s.partial_ml + (size_t(split) * kH + tid) * 2) = make_float2(m_run[tid], l_run[tid]);
 }
