@@ -99,7 +99,8 @@ void mla_decode_chain(const MlaDecodeChainParams& p, int sm_count, cudaStream_t 
 // them in this order.
 enum class ChainEvent {
   Enter, WaitReturned, Phase1Done, Barrier1, Phase2Done, Barrier2, AttnFirstTileIn, AttnFirstScores, AttnFirstPv,
-  AttentionDone, Barrier3, FirstMergeDone, Phase4Done, Barrier4, Phase5Done, Barrier5, RouteNormed, RouteLogit, Exit, Count
+  AttentionDone, Barrier3, FirstMergeDone, Phase4Done, Barrier4, Phase5Done, Barrier5, RouteNormed, RouteLogit, Exit,
+  Count
 };
 constexpr int kChainTimelineLaunches = 512, kChainTimelineBlocks = 256;
 // Writes the stamps of the last kChainTimelineLaunches launches to path as

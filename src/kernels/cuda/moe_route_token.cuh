@@ -1,8 +1,9 @@
 #pragma once
 // One token's expert selection by one warp (moe_router.h's MoeRouteParams):
 // shared by the router kernel, moe_select's fused logits + selection and the
-// small MoE kernels that route from the decode chain's logits (moe_small.cuh). The warp's selection is serial work at the tail
-// of those kernels, so it avoids shared-memory loops and shuffle chains:
+// small MoE kernels that route from the decode chain's logits (moe_small.cuh).
+// The warp's selection is serial work at the tail of those kernels, so it
+// avoids shared-memory loops and shuffle chains:
 // groups of 32 experts (V3) are scored by butterfly in registers, and each
 // top-k pick is two redux.sync (V3 at one token, H100: moe_select 12.3 ->
 // 8.0 us, the selection alone 7.7 -> 4.7).
