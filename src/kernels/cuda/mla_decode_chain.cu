@@ -104,16 +104,25 @@ __device__ __forceinline__ unsigned long long load_acquire(const unsigned long l
 // blocks each add 1 at each of its kBarriers barriers, so a launch starts at
 // a multiple of kBarriers x grid (read after the PDL wait, when the previous
 // launch has completed; fewer than `grid` arrivals of this launch can precede
-// the read) and barrier k waits for base + k x grid. One release add and
+// the read) and barrier k waits for base + k x grid. That read is relaxed and
+// first used at the first barrier: an acquire there would hold back thread
+// 0's loads of phase 1, on which the block's syncs wait. One release add and
 // acquire polls by thread 0, which the block's __syncthreads extend to its
 // other threads; writes before a barrier are visible after it (read them with
 // ld.global.cg: L1 is not coherent). A block that waits far beyond any real
 // phase traps instead of hanging.
 constexpr int kBarriers = 5;  // the fifth ends phase 5; launches without phase 6 only arrive
 
-__device__ __forceinline__ unsigned long long barrier_base(const unsigned long long* count) {
+__device__ __forceinline__ unsigned long long load_relaxed(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// The launch's base from the count read after the PDL wait.
+__device__ __forceinline__ unsigned long long barrier_base(unsigned long long count) {
   const unsigned long long per_launch = static_cast<unsigned long long>(kBarriers) * gridDim.x;
-  return load_acquire(count) / per_launch * per_launch;
+  return count / per_launch * per_launch;
 }
 
 __device__ void grid_arrive(unsigned long long* count) {
@@ -173,8 +182,8 @@ struct Misc {
   float uk_sum[kThreads];
   float cs[kR];                  // {cos, sin} * cos_sin_scale of the token's angles
   __nv_bfloat16 kv_norm[kL];
-  // A row every warp reads whole, staged once a block: the input norm's
-  // weight, then h (phase 1); attn (phase 5). Each of the grid's ~1,000
+  // A row every warp reads whole, staged once a block: h (phase 1), attn
+  // (phase 5). Each of the grid's ~1,000
   // warps reading such a row from L2 queued their requests on the same 32
   // lines (~2 us a phase on the H100).
   __nv_bfloat16 row[kD];
@@ -198,10 +207,10 @@ __device__ __forceinline__ unsigned long long global_ns() {
   do { \
     if (threadIdx.x == 0) (m).timeline_enter = global_ns(); \
   } while (0)
-#define CHAIN_TIMELINE_BASE(m, base) \
+#define CHAIN_TIMELINE_BASE(m, count) \
   do { \
     if (threadIdx.x == 0) { \
-      (m).timeline_slot = int((base) / (kBarriers * gridDim.x) % kChainTimelineLaunches); \
+      (m).timeline_slot = int((count) / (kBarriers * gridDim.x) % kChainTimelineLaunches); \
       g_chain_timeline[(m).timeline_slot][int(ChainEvent::Enter)][blockIdx.x] = (m).timeline_enter; \
     } \
   } while (0)
@@ -217,37 +226,58 @@ __device__ __forceinline__ unsigned long long global_ns() {
   } while (0)
 #else
 #define CHAIN_TIMELINE_ENTER(m) do {} while (0)
-#define CHAIN_TIMELINE_BASE(m, base) do {} while (0)
+#define CHAIN_TIMELINE_BASE(m, count) do {} while (0)
 #define CHAIN_STAMP(m, event) do {} while (0)
 #define CHAIN_STAMP_ALL(m, event) do {} while (0)
 #endif
 
-// The rope table as mla_prepare forms it, and (last block) kv_a_layernorm's
-// weight: neither depends on earlier kernels.
-__device__ void load_constants(const MlaDecodeChainParams& p, Misc& m, bool latent_block) {
-  const float pos = float(p.positions[0]);
-  for (int i = threadIdx.x; i < kR / 2; i += blockDim.x) {
-    float s, c;
-    sincosf(pos * p.inv_freq[i], &s, &c);
-    m.cs[2 * i] = c * p.cos_sin_scale;
-    m.cs[2 * i + 1] = s * p.cos_sin_scale;
+// What the chain reads that no earlier kernel writes, loaded into registers
+// before the PDL wait and staged after it: the blocks that enter last (as
+// the previous kernel's final blocks leave) are on the step's critical path,
+// and while that kernel streams, each dependent round trip before the wait
+// cost them ~1 us.
+struct Constants {
+  int kv_begin = 0, kv_end = 0;  // the request's kv_slots
+  int position = 0;
+  float inv_freq = 0.0f;  // of the pair this thread ropes (threads < kR / 2)
+  uint4 kv_norm{};        // kv_a_layernorm's weight, 8 values (last block, threads < kL / 8)
+  uint4 in_norm{};        // the input norm's weight, this thread's 8 values (norm head)
+};
+
+__device__ Constants load_constants(const MlaDecodeChainParams& p, bool latent_block) {
+  static_assert(kD == 8 * kThreads && kL / 8 <= kThreads && kR / 2 <= kThreads, "one chunk a thread");
+  Constants c;
+  c.kv_begin = p.kv_indptr[0];
+  c.kv_end = p.kv_indptr[1];
+  c.position = p.positions[0];
+  if (threadIdx.x < kR / 2) c.inv_freq = p.inv_freq[threadIdx.x];
+  if (latent_block && threadIdx.x < kL / 8) c.kv_norm = reinterpret_cast<const uint4*>(p.kv_norm)[threadIdx.x];
+  if (p.x) c.in_norm = reinterpret_cast<const uint4*>(p.in_norm)[threadIdx.x];
+  return c;
+}
+
+// The rope table as mla_prepare forms it, and kv_a_layernorm's weight, for
+// phase 2 (the first barrier orders these stores before its reads). Off
+// phase 1's path: its syncs would wait for the warp that does the sincosf.
+__device__ void stage_constants(const MlaDecodeChainParams& p, const Constants& c, Misc& m, bool latent_block) {
+  if (threadIdx.x < kR / 2) {
+    float s, co;
+    sincosf(float(c.position) * c.inv_freq, &s, &co);
+    m.cs[2 * threadIdx.x] = co * p.cos_sin_scale;
+    m.cs[2 * threadIdx.x + 1] = s * p.cos_sin_scale;
   }
-  if (latent_block)
-    for (int i = threadIdx.x; i < kL / 8; i += blockDim.x)
-      reinterpret_cast<uint4*>(m.kv_norm)[i] = reinterpret_cast<const uint4*>(p.kv_norm)[i];
-  if (p.x)
-    for (int i = threadIdx.x; i < kD / 8; i += blockDim.x)
-      reinterpret_cast<uint4*>(m.row)[i] = reinterpret_cast<const uint4*>(p.in_norm)[i];
+  if (latent_block && threadIdx.x < kL / 8) reinterpret_cast<uint4*>(m.kv_norm)[threadIdx.x] = c.kv_norm;
 }
 
 // The lane's kChunks 16-byte chunks of h (c * 256 + lane * 8), through
 // m.row: loaded, or with a norm head formed as rms_norm does (r = bf16(
-// residual + x), h = bf16(r * rsqrt(mean(r^2) + eps) * w)), 8 values a
-// thread in place of the weight's chunk that thread loaded; `sum` gets the
-// thread's 8 values of r, for the block that writes them back (no block may
-// before the first barrier: all read in_residual). (Every warp norming the
-// whole row itself made the step slower than the separate norm kernel.)
-__device__ __forceinline__ void load_h(const MlaDecodeChainParams& p, Misc& m, uint4 (&h)[kChunks], Bf16x8& sum) {
+// residual + x), h = bf16(r * rsqrt(mean(r^2) + eps) * w), w's 8 values of
+// this thread in in_norm), 8 values a thread; `sum` gets the thread's 8
+// values of r, for the block that writes them back (no block may before the
+// first barrier: all read in_residual). (Every warp norming the whole row
+// itself made the step slower than the separate norm kernel.)
+__device__ __forceinline__ void load_h(const MlaDecodeChainParams& p, uint4 in_norm, Misc& m, uint4 (&h)[kChunks],
+                                       Bf16x8& sum) {
   static_assert(kD == 8 * kThreads, "8 hidden values a thread");
   const int i0 = threadIdx.x * 8;
   if (!p.x) {
@@ -271,7 +301,9 @@ __device__ __forceinline__ void load_h(const MlaDecodeChainParams& p, Misc& m, u
 #pragma unroll
     for (int j = 0; j < 8; ++j) ss += v[j] * v[j];
     const float inv_rms = rsqrtf(block_sum(ss) / float(kD) + p.in_eps);
-    Bf16x8::load(m.row + i0).to_float(g);
+    Bf16x8 w;
+    *reinterpret_cast<uint4*>(&w) = in_norm;
+    w.to_float(g);
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[j] = v[j] * inv_rms * g[j];
     Bf16x8::from_float(v).store(m.row + i0);
@@ -684,20 +716,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
     }
 
   // The batch was uploaded before the step's first kernel.
-  Split sp;
-  sp.kv_begin = p.kv_indptr[0];
-  const int kv_len = p.kv_indptr[1] - sp.kv_begin;
-  const int chunk = max(kTile, ceil_div(ceil_div(kv_len, grid), kTile) * kTile);
-  const int splits = ceil_div(kv_len, chunk);
-  sp.last_row = kv_len - 1;
-  sp.row0 = b * chunk;
-  sp.rows = b < splits ? min(chunk, kv_len - sp.row0) : 0;
-  __shared__ int first_slots[2 * kTile];
-  for (int i = tid; i < min(sp.rows, 2 * kTile); i += kThreads) first_slots[i] = p.kv_slots[sp.kv_begin + sp.row0 + i];
-  sp.first_slots = first_slots;
-  sp.all_slots = p.kv_slots;
-
-  load_constants(p, misc, b == grid - 1);
+  const Constants constants = load_constants(p, b == grid - 1);
   const bool routes = p.router && b < p.num_experts;
   uint4 router_w = make_uint4(0, 0, 0, 0), norm_w = make_uint4(0, 0, 0, 0);
   if (routes) {
@@ -706,15 +725,32 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   }
 
   pdl_wait();  // h comes from the previous kernel
-  const unsigned long long base = tid == 0 ? barrier_base(p.barrier) : 0;
-  CHAIN_TIMELINE_BASE(misc, base);
+  const unsigned long long count = tid == 0 ? load_relaxed(p.barrier) : 0;
+  CHAIN_TIMELINE_BASE(misc, count);
   CHAIN_STAMP(misc, WaitReturned);
+
+  Split sp;
+  sp.kv_begin = constants.kv_begin;
+  const int kv_len = constants.kv_end - sp.kv_begin;
+  const int chunk = max(kTile, ceil_div(ceil_div(kv_len, grid), kTile) * kTile);
+  const int splits = ceil_div(kv_len, chunk);
+  sp.last_row = kv_len - 1;
+  sp.row0 = b * chunk;
+  sp.rows = b < splits ? min(chunk, kv_len - sp.row0) : 0;
+  __shared__ int first_slots[2 * kTile];
+  sp.first_slots = first_slots;
+  sp.all_slots = p.kv_slots;
 
   // 1. qkv rows.
   Bf16x8 input_residual;  // in_residual + x, this thread's 8 values (norm head)
+  int first_slot;
   {
     uint4 x[kChunks];
-    load_h(p, misc, x, input_residual);
+    load_h(p, constants.in_norm, misc, x, input_residual);
+    // The first two tiles' slots (a dependent load: not before the wait),
+    // staged after this phase.
+    static_assert(2 * kTile <= kThreads, "a slot a thread");
+    first_slot = tid < min(sp.rows, 2 * kTile) ? p.kv_slots[sp.kv_begin + sp.row0 + tid] : 0;
     sm90::mbar_wait(&bars[0], 0);
     rows_times_vector<kD>(qkv_w, qkv_n, x, s.qkv + qkv0);
   }
@@ -725,8 +761,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
     const int r = 2 * kTile + i / (kRow * 2 / 128), line = i % (kRow * 2 / 128);
     prefetch_l2(reinterpret_cast<const uint8_t*>(p.cache + sp.slot(r) * kRow) + line * 128);
   }
+  if (tid < 2 * kTile) first_slots[tid] = first_slot;
+  stage_constants(p, constants, misc, b == grid - 1);
   __syncthreads();  // the qkv weights' region becomes the attention tiles
   if (sp.rows > 0) preload_split(p, sp, smem);
+  const unsigned long long base = barrier_base(count);
   grid_barrier(p.barrier, base + grid);
   CHAIN_STAMP(misc, Barrier1);
 
