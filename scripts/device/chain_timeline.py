@@ -8,7 +8,8 @@ such point. For every MoE-layer launch (one that routed) whose successor
 started within 200 us, times are taken from the launch's first block entry;
 the table gives the median over launches of the first and the last block to
 pass each point, then when the next launch's blocks enter and return from
-their wait, and the phase-1 path of the blocks by entry order.
+their wait, the spans of a few phases within a block, and the phase-1 path
+of the blocks by entry order.
 
 Usage: chain_timeline.py FILE[.gz]
 """
@@ -17,12 +18,15 @@ import gzip
 import statistics
 import sys
 
-EVENTS = ['blocks enter', 'PDL wait returns', 'phase 1 (qkv rows) done', 'barrier 1', 'phase 2 (W_UK) done',
-          'barrier 2', 'attention: q and first tile in', 'attention: first scores', 'attention: first P·V',
-          'attention splits done', 'barrier 3', 'phase 4: first head merged', 'phase 4 (merge, W_UV) done', 'barrier 4',
-          'phase 5 (o_proj) done', 'barrier 5', 'route: residual normed', 'route: logit written', 'exit']
+EVENTS = ['blocks enter', 'PDL wait returns', 'phase 1: h normed, weights in', 'phase 1 (qkv rows) done',
+          'barrier 1', 'phase 2 (W_UK) done', 'barrier 2', 'attention: q and first tile in', 'attention: first scores',
+          'attention: first P·V', 'attention splits done', 'barrier 3', 'phase 4: first head merged',
+          'phase 4 (merge, W_UV) done', 'barrier 4', 'phase 5: attn and weights in', 'phase 5 (o_proj) done',
+          'barrier 5', 'route: residual normed', 'route: logit written', 'exit']
 LAUNCHES, BLOCKS = 512, 256
-ENTER, WAIT, PHASE1, BARRIER5, EXIT = 0, 1, 2, 15, 18
+ENTER, WAIT, PHASE1, BARRIER5 = 0, 1, 3, 17
+# Spans within one block (from event, to event): the blocks' median for each launch, then over launches.
+BLOCK_SPANS = [(WAIT, 2), (2, PHASE1), (4, 5), (11, 12), (14, 15), (15, 16)]
 
 
 def main(path):
@@ -48,6 +52,7 @@ def main(path):
     after = {'next launch: first block enters': [], 'next launch: last block enters': [],
              'next launch: first wait returns': []}
     by_entry = {}
+    block_spans = {s: [] for s in BLOCK_SPANS}
     for (t0, launch, grid), (t1, nxt, _) in zip(launches, launches[1:]):
         if not any(row(launch, BARRIER5)) or t1 - t0 > 200_000:
             continue  # a dense layer, or the last launch of a run
@@ -59,6 +64,11 @@ def main(path):
         after['next launch: first block enters'].append((t1 - t0) / 1e3)
         after['next launch: last block enters'].append((max(nxt_enter) - t0) / 1e3)
         after['next launch: first wait returns'].append((min(t for t in row(nxt, WAIT) if t) - t0) / 1e3)
+        for a, b in BLOCK_SPANS:
+            start, end = row(launch, a)[:grid], row(launch, b)[:grid]
+            within = [(y - x) / 1e3 for x, y in zip(start, end) if x >= t0 and y >= x]
+            if within:
+                block_spans[(a, b)].append(statistics.median(within))
         enter, wait, phase1 = row(launch, ENTER), row(launch, WAIT), row(launch, PHASE1)
         order = sorted(range(grid), key=lambda b: enter[b])
         for k in sorted({0, grid // 4, grid // 2, 3 * grid // 4, grid - 12, grid - 4, grid - 1}):
@@ -75,6 +85,10 @@ def main(path):
     for name, values in after.items():
         if values:
             print(f'| {name} | {med(values):.1f} | |')
+    print('\n| within a block, from | to | us |\n|---|---|---|')
+    for (a, b), values in block_spans.items():
+        if values:
+            print(f'| {EVENTS[a]} | {EVENTS[b]} | {med(values):.2f} |')
     print('\n| k-th block to enter | enters | wait returns | phase 1 done |\n|---|---|---|---|')
     for k, values in sorted(by_entry.items()):
         print(f'| {k} | ' + ' | '.join(f'{med(v[i] for v in values):.1f}' for i in range(3)) + ' |')

@@ -752,6 +752,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
     static_assert(2 * kTile <= kThreads, "a slot a thread");
     first_slot = tid < min(sp.rows, 2 * kTile) ? p.kv_slots[sp.kv_begin + sp.row0 + tid] : 0;
     sm90::mbar_wait(&bars[0], 0);
+    CHAIN_STAMP(misc, Phase1Ready);
     rows_times_vector<kD>(qkv_w, qkv_n, x, s.qkv + qkv0);
   }
   CHAIN_STAMP_ALL(misc, Phase1Done);
@@ -831,6 +832,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
 #pragma unroll
     for (int c = 0; c < kAttnChunks; ++c) a[c] = *reinterpret_cast<const uint4*>(misc.row + c * 256 + (tid % 32) * 8);
     sm90::mbar_wait(&bars[3], 0);
+    CHAIN_STAMP(misc, Phase5Ready);
     rows_times_vector<kAttnWidth>(o_w, o_n, a, p.out + o0);
   }
 

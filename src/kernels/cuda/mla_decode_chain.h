@@ -98,9 +98,9 @@ void mla_decode_chain(const MlaDecodeChainParams& p, int sm_count, cudaStream_t 
 // goes (docs/perf.md, session 25). scripts/device/chain_timeline.py names
 // them in this order.
 enum class ChainEvent {
-  Enter, WaitReturned, Phase1Done, Barrier1, Phase2Done, Barrier2, AttnFirstTileIn, AttnFirstScores, AttnFirstPv,
-  AttentionDone, Barrier3, FirstMergeDone, Phase4Done, Barrier4, Phase5Done, Barrier5, RouteNormed, RouteLogit, Exit,
-  Count
+  Enter, WaitReturned, Phase1Ready, Phase1Done, Barrier1, Phase2Done, Barrier2, AttnFirstTileIn, AttnFirstScores,
+  AttnFirstPv, AttentionDone, Barrier3, FirstMergeDone, Phase4Done, Barrier4, Phase5Ready, Phase5Done, Barrier5,
+  RouteNormed, RouteLogit, Exit, Count
 };
 constexpr int kChainTimelineLaunches = 512, kChainTimelineBlocks = 256;
 // Writes the stamps of the last kChainTimelineLaunches launches to path as
