@@ -183,9 +183,8 @@ struct Misc {
   float cs[kR];                  // {cos, sin} * cos_sin_scale of the token's angles
   __nv_bfloat16 kv_norm[kL];
   // A row every warp reads whole, staged once a block: h (phase 1), attn
-  // (phase 5). Each of the grid's ~1,000
-  // warps reading such a row from L2 queued their requests on the same 32
-  // lines (~2 us a phase on the H100).
+  // (phase 5). Each of the grid's ~1,000 warps reading such a row from L2
+  // queued their requests on the same 32 lines (~2 us a phase on the H100).
   __nv_bfloat16 row[kD];
 #ifdef MLASERVE_CHAIN_TIMELINE
   unsigned long long timeline_enter;  // thread 0's
@@ -366,7 +365,7 @@ __device__ void uk_unit(const Scratch& s, int unit, const __nv_bfloat16* w, Misc
 // at kv_begin; the last context row (the new token's, written in phase 2).
 struct Split {
   int kv_begin, last_row, row0, rows;
-  const int* first_slots;    // shared copy of the first two tiles' slots (read before the PDL wait)
+  const int* first_slots;    // shared copy of the first two tiles' slots (read during phase 1)
   const int32_t* all_slots;  // the batch's kv_slots
   __device__ int64_t slot(int row) const {
     return row < 2 * kTile ? first_slots[row] : all_slots[kv_begin + row0 + row];
