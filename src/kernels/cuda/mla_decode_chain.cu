@@ -790,7 +790,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   grid_barrier(p.barrier, base + 3 * grid);
   CHAIN_STAMP(misc, Barrier3);
 
-
   // 4. Merge and W_UV for this block's rows (one or two heads).
   sm90::mbar_wait(&bars[2], 0);
   for (int r = uv0; r < uv0 + uv_n;) {
@@ -820,7 +819,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   CHAIN_STAMP_ALL(misc, Phase4Done);
   grid_barrier(p.barrier, base + 4 * grid);
   CHAIN_STAMP(misc, Barrier4);
-
 
   // 5. o_proj rows.
   {
