@@ -26,16 +26,6 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float
 // scheme): the group is stored as e4m3(v / scale).
 __device__ __forceinline__ float fp8_group_scale(float amax) { return fmaxf(amax, kFp8ScaleEps) / kE4M3Max; }
 
-// 16 bytes read once (weights streamed by decode GEMVs): kept out of L1,
-// where the activations every warp re-reads stay, and first to leave L2.
-__device__ __forceinline__ uint4 load_weights_16(const uint8_t* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "l"(stream_once_policy()));
-  return v;
-}
-
 // Σ e4m3(w[i]) · x[i] over the 16 bytes of w, in f32 (e4m3 widens to f16 exactly).
 __device__ __forceinline__ float e4m3x16_dot(uint4 w, const float (&x)[16]) {
   const auto* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&w);

@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kStreamThreads) head_bmm_fp8_stream_kernel(Arg
 #pragma unroll
   for (int r = 0; r < kRowsPerThread; ++r) {
     const int64_t row = row0 + r * kGroups;
-    wv[r] = load_weights_16(a.w + row * kK + lane * 16);
+    wv[r] = load_streamed_16(a.w + row * kK + lane * 16);
     s[r] = __ldg(a.w_scale + (row / 128) * (kK / 128) + lane / 8);
   }
   pdl_wait();
@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kMmaThreads) head_bmm_fp8_mma_kernel(Args a, Q
 #pragma unroll
     for (int i = 0; i < kWChunks; ++i) {
       const int chunk = threadIdx.x + kMmaThreads * i, r = chunk / 8, col = chunk % 8 * 16;
-      wv[i] = load_weights_16(a.w + (row0 + r) * a.k + kb * kKb + col);
+      wv[i] = load_streamed_16(a.w + (row0 + r) * a.k + kb * kKb + col);
     }
   };
   auto load_x = [&](int kb) {

@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
       for (int c = 0; c < kCols; ++c)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          wv[c][h][u] = kc < chunks ? load_weights_16(row[c][h] + int64_t(kc) * 16) : make_uint4(0, 0, 0, 0);
+          wv[c][h][u] = kc < chunks ? load_streamed_16(row[c][h] + int64_t(kc) * 16) : make_uint4(0, 0, 0, 0);
     }
   };
   if (early && col0 < I) {
@@ -376,7 +376,7 @@ __global__ void __launch_bounds__(kSmallDownWarps * 32) moe_small_down_kernel(Sm
       const int kc = k0 + u * 32 + lane;
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; ++r)
-        wv[r][u] = kc < chunks ? load_weights_16(row[r] + int64_t(kc) * 16) : make_uint4(0, 0, 0, 0);
+        wv[r][u] = kc < chunks ? load_streamed_16(row[r] + int64_t(kc) * 16) : make_uint4(0, 0, 0, 0);
     }
   };
   if constexpr (kEarly) {

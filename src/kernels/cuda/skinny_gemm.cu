@@ -22,16 +22,6 @@ constexpr int kVecElems = 8;              // bf16 values in a 16-byte load
 constexpr int kWarpVecElems = 32 * kVecElems;  // elements a warp covers per load
 constexpr int kTargetBlocks = 264;        // 2 per SM on an H100/H200: spread small matrices
 
-// Streamed once: not worth a line in L1, which the activations use, and
-// first to leave L2.
-__device__ __forceinline__ uint4 load_weight(const __nv_bfloat16* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p), "l"(stream_once_policy()));
-  return v;
-}
-
 __device__ __forceinline__ void bf16x8_to_float(uint4 v, float (&f)[8]) {
   Bf16x8 b;
   *reinterpret_cast<uint4*>(&b) = v;
@@ -65,7 +55,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32) skinny_gemm_kernel(const __n
     for (int u = 0; u < kLoads; ++u) {
       const int64_t kk = k0 + u * kWarpVecElems + lane * kVecElems;
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) wv[c][u] = kk < k ? load_weight(wr[c] + kk) : make_uint4(0, 0, 0, 0);
+      for (int c = 0; c < kCols; ++c) wv[c][u] = kk < k ? load_streamed_16(wr[c] + kk) : make_uint4(0, 0, 0, 0);
     }
     if (!waited) {  // the weights are in flight; now the activations may be read
       pdl_wait();
