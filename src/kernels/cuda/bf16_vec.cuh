@@ -7,6 +7,13 @@
 
 namespace mlaserve::cuda {
 
+// The two bf16 of a 32-bit word as floats (low half first), exactly, in two
+// integer ops where __bfloat1622float2 takes three (a PRMT, then a shift for
+// each half): the count that bounds a GEMV from shared memory.
+__device__ __forceinline__ float2 bf16x2_to_float2(uint32_t v) {
+  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+}
+
 struct alignas(16) Bf16x8 {
   __nv_bfloat162 h[4];
 

@@ -145,12 +145,12 @@ __device__ void grid_barrier(unsigned long long* count, unsigned long long targe
 __device__ __forceinline__ uint4 load_cg(const __nv_bfloat16* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
 
 __device__ __forceinline__ float dot8(uint4 w, uint4 x) {
-  const auto* wp = reinterpret_cast<const __nv_bfloat162*>(&w);
-  const auto* xp = reinterpret_cast<const __nv_bfloat162*>(&x);
+  const auto* wp = reinterpret_cast<const uint32_t*>(&w);
+  const auto* xp = reinterpret_cast<const uint32_t*>(&x);
   float acc = 0.0f;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float2 a = __bfloat1622float2(wp[i]), b = __bfloat1622float2(xp[i]);
+    const float2 a = bf16x2_to_float2(wp[i]), b = bf16x2_to_float2(xp[i]);
     acc = fmaf(a.x, b.x, acc);
     acc = fmaf(a.y, b.y, acc);
   }
@@ -802,10 +802,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
 #pragma unroll
       for (int c = 0; c < kL / 256; ++c) {
         const uint4 w = *reinterpret_cast<const uint4*>(uv_w + size_t(i - uv0) * kL + c * 256 + lane * 8);
-        const auto* wp = reinterpret_cast<const __nv_bfloat162*>(&w);
+        const auto* wp = reinterpret_cast<const uint32_t*>(&w);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const float2 wf = __bfloat1622float2(wp[j]);
+          const float2 wf = bf16x2_to_float2(wp[j]);
           acc = fmaf(wf.x, misc.o[c * 256 + lane * 8 + 2 * j], acc);
           acc = fmaf(wf.y, misc.o[c * 256 + lane * 8 + 2 * j + 1], acc);
         }
