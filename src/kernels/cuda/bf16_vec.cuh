@@ -9,7 +9,8 @@ namespace mlaserve::cuda {
 
 // The two bf16 of a 32-bit word as floats (low half first), exactly, in two
 // integer ops where __bfloat1622float2 takes three (a PRMT, then a shift for
-// each half): the count that bounds a GEMV from shared memory.
+// each half): what bounds a GEMV from shared memory, and a step's small
+// kernels a little too (perf.md, session 29).
 __device__ __forceinline__ float2 bf16x2_to_float2(uint32_t v) {
   return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
 }
@@ -28,7 +29,7 @@ struct alignas(16) Bf16x8 {
   __device__ __forceinline__ void to_float(float (&f)[8]) const {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      float2 t = __bfloat1622float2(h[i]);
+      const float2 t = bf16x2_to_float2(reinterpret_cast<const uint32_t*>(h)[i]);
       f[2 * i] = t.x;
       f[2 * i + 1] = t.y;
     }
