@@ -42,6 +42,13 @@ struct alignas(16) Bf16x8 {
   }
 };
 
+// 16 bytes of bf16 (a weight chunk loaded as uint4) as 8 floats.
+__device__ __forceinline__ void bf16x8_to_float(uint4 v, float (&f)[8]) {
+  Bf16x8 b;
+  *reinterpret_cast<uint4*>(&b) = v;
+  b.to_float(f);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -145,15 +145,12 @@ __device__ void grid_barrier(unsigned long long* count, unsigned long long targe
 __device__ __forceinline__ uint4 load_cg(const __nv_bfloat16* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
 
 __device__ __forceinline__ float dot8(uint4 w, uint4 x) {
-  const auto* wp = reinterpret_cast<const uint32_t*>(&w);
-  const auto* xp = reinterpret_cast<const uint32_t*>(&x);
+  float wf[8], xf[8];
+  bf16x8_to_float(w, wf);
+  bf16x8_to_float(x, xf);
   float acc = 0.0f;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 a = bf16x2_to_float2(wp[i]), b = bf16x2_to_float2(xp[i]);
-    acc = fmaf(a.x, b.x, acc);
-    acc = fmaf(a.y, b.y, acc);
-  }
+  for (int i = 0; i < 8; ++i) acc = fmaf(wf[i], xf[i], acc);
   return acc;
 }
 
@@ -801,14 +798,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
       float acc = 0.0f;
 #pragma unroll
       for (int c = 0; c < kL / 256; ++c) {
-        const uint4 w = *reinterpret_cast<const uint4*>(uv_w + size_t(i - uv0) * kL + c * 256 + lane * 8);
-        const auto* wp = reinterpret_cast<const uint32_t*>(&w);
+        float wf[8];
+        bf16x8_to_float(*reinterpret_cast<const uint4*>(uv_w + size_t(i - uv0) * kL + c * 256 + lane * 8), wf);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 wf = bf16x2_to_float2(wp[j]);
-          acc = fmaf(wf.x, misc.o[c * 256 + lane * 8 + 2 * j], acc);
-          acc = fmaf(wf.y, misc.o[c * 256 + lane * 8 + 2 * j + 1], acc);
-        }
+        for (int j = 0; j < 8; ++j) acc = fmaf(wf[j], misc.o[c * 256 + lane * 8 + j], acc);
       }
       acc = warp_sum(acc);
       if (lane == 0) s.attn[i] = __float2bfloat16(acc);

@@ -93,14 +93,11 @@ struct Bf16Stacks {
   __device__ float gate_up_scale(int, int, bool, int, int, int) const { return 1.0f; }
   __device__ float down_scale(int, int, int, int, int) const { return 1.0f; }
   __device__ static float dot(uint4 w, const float (&x)[kElems]) {
-    const auto* h = reinterpret_cast<const uint32_t*>(&w);
+    float f[kElems];
+    bf16x8_to_float(w, f);
     float acc = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = bf16x2_to_float2(h[i]);
-      acc = fmaf(f.x, x[2 * i], acc);
-      acc = fmaf(f.y, x[2 * i + 1], acc);
-    }
+    for (int i = 0; i < kElems; ++i) acc = fmaf(f[i], x[i], acc);
     return acc;
   }
 };

@@ -22,12 +22,6 @@ constexpr int kVecElems = 8;              // bf16 values in a 16-byte load
 constexpr int kWarpVecElems = 32 * kVecElems;  // elements a warp covers per load
 constexpr int kTargetBlocks = 264;        // 2 per SM on an H100/H200: spread small matrices
 
-__device__ __forceinline__ void bf16x8_to_float(uint4 v, float (&f)[8]) {
-  Bf16x8 b;
-  *reinterpret_cast<uint4*>(&b) = v;
-  b.to_float(f);
-}
-
 // Block: (32 * col_warps, kSplit) threads; warp (cw, s) owns columns
 // [(blockIdx.x * col_warps + cw) * kCols, + kCols) and K slice s.
 template <int kRows, int kCols, int kLoads, bool kOutF32>
