@@ -130,15 +130,18 @@ __device__ void grid_arrive(unsigned long long* count) {
   if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(count) : "memory");
 }
 
-__device__ void grid_barrier(unsigned long long* count, unsigned long long target) {
-  __syncthreads();
+__device__ void grid_wait(const unsigned long long* count, unsigned long long target) {
   if (threadIdx.x == 0) {
-    asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(count) : "memory");
     long long spins = 0;
     while (load_acquire(count) < target)
       if (++spins > (1ll << 22)) __trap();  // seconds: a real phase takes microseconds
   }
   __syncthreads();
+}
+
+__device__ void grid_barrier(unsigned long long* count, unsigned long long target) {
+  grid_arrive(count);
+  grid_wait(count, target);
 }
 
 // 8 bf16 of global memory written earlier in this kernel (L2, not L1).
@@ -752,18 +755,21 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
     rows_times_vector<kD>(qkv_w, qkv_n, x, s.qkv + qkv0);
   }
   CHAIN_STAMP_ALL(misc, Phase1Done);
+  if (tid < 2 * kTile) first_slots[tid] = first_slot;
+  stage_constants(p, constants, misc, b == grid - 1);
+  // The arrival's release waits for the block's loads in flight, so the
+  // split's loads below come after it. Its sync also frees the qkv weights'
+  // region for the attention tiles.
+  grid_arrive(p.barrier);
   // The context rows of tiles past the second go to L2 now (they are read
   // after phase 2; earlier, the previous kernels' traffic would evict them).
   for (int i = tid; i < max(0, sp.rows - 2 * kTile) * (kRow * 2 / 128); i += kThreads) {
     const int r = 2 * kTile + i / (kRow * 2 / 128), line = i % (kRow * 2 / 128);
     prefetch_l2(reinterpret_cast<const uint8_t*>(p.cache + sp.slot(r) * kRow) + line * 128);
   }
-  if (tid < 2 * kTile) first_slots[tid] = first_slot;
-  stage_constants(p, constants, misc, b == grid - 1);
-  __syncthreads();  // the qkv weights' region becomes the attention tiles
   if (sp.rows > 0) preload_split(p, sp, smem);
   const unsigned long long base = barrier_base(count);
-  grid_barrier(p.barrier, base + grid);
+  grid_wait(p.barrier, base + grid);
   CHAIN_STAMP(misc, Barrier1);
 
   // 2. q_nope · W_UK and the q_pe rope; the latent write; the input residual
