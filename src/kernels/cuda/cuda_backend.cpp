@@ -120,8 +120,8 @@ CudaBackend::CudaBackend()
   gemm_ = std::make_unique<CublasLtGemm>();
   fp8_linear_ = std::make_unique<Fp8Linear>();
   moe_select_ws_ = std::make_unique<MoeSelectWorkspace>();
-  mla_chain_barrier_ = DeviceBuffer(kMlaDecodeChainBarrierBytes);
-  MLA_CUDA_CHECK(cudaMemset(mla_chain_barrier_.get(), 0, mla_chain_barrier_.bytes()), "backend start-up");
+  mla_chain_sync_ = DeviceBuffer(mla_decode_chain_sync_bytes());
+  MLA_CUDA_CHECK(cudaMemset(mla_chain_sync_.get(), 0, mla_chain_sync_.bytes()), "backend start-up");
   pinned_bytes_ = size_t(1) << 20;
   MLA_CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_), "backend start-up");
   MLA_CUDA_CHECK(cudaEventCreateWithFlags(&staging_free_, cudaEventDisableTiming), "backend start-up");
@@ -974,7 +974,7 @@ bool CudaBackend::mla_decode_chain(const MlaDecodeChain& c, const DeviceBatch& b
   }
   Tensor scratch = alloc({int64_t(mla_decode_chain_scratch_bytes(sm_count_))}, DType::U8);
   p.scratch = scratch.raw();
-  p.barrier = mla_chain_barrier_.get<unsigned long long>();
+  p.sync = mla_chain_sync_.get();
   cuda::mla_decode_chain(p, sm_count_, stream_);
   return true;
 }

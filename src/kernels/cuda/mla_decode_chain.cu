@@ -59,29 +59,123 @@ __host__ __device__ inline Layout layout_for(int grid) {
   return l;
 }
 
-// Scratch: qkv{kQkvRows} and q_cat{H, L + R}, attn{H Dv} (bf16), then the
-// attention partials o{grid, H, L} and (m, l){grid, H} (f32).
-struct Scratch {
-  __nv_bfloat16 *qkv, *q_cat, *attn;
-  float *partial_o, *partial_ml;
-};
 __host__ __device__ inline size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-__host__ __device__ inline Scratch carve(void* base, int grid, size_t* bytes) {
-  auto* b = static_cast<char*>(base);
+
+// Consecutive 256-byte aligned pieces of base (null: sizes only).
+struct Carver {
+  char* base;
   size_t off = 0;
-  auto take = [&](size_t n) {
-    char* r = b ? b + off : nullptr;
+  __host__ __device__ char* take(size_t n) {
+    char* r = base ? base + off : nullptr;
     off += align256(n);
     return r;
-  };
+  }
+};
+
+// Scratch: the attention partials o{grid, H, L} and (m, l){grid, H} (f32).
+struct Scratch {
+  float *partial_o, *partial_ml;
+};
+__host__ __device__ inline Scratch carve(void* base, int grid, size_t* bytes) {
+  Carver c{static_cast<char*>(base)};
   Scratch s;
-  s.qkv = reinterpret_cast<__nv_bfloat16*>(take(2 * kQkvRows));
-  s.q_cat = reinterpret_cast<__nv_bfloat16*>(take(2 * kH * kRow));
-  s.attn = reinterpret_cast<__nv_bfloat16*>(take(2 * kAttnWidth));
-  s.partial_o = reinterpret_cast<float*>(take(4 * size_t(grid) * kH * kL));
-  s.partial_ml = reinterpret_cast<float*>(take(4 * size_t(grid) * kH * 2));
-  if (bytes) *bytes = off;
+  s.partial_o = reinterpret_cast<float*>(c.take(4 * size_t(grid) * kH * kL));
+  s.partial_ml = reinterpret_cast<float*>(c.take(4 * size_t(grid) * kH * 2));
+  if (bytes) *bytes = c.off;
   return s;
+}
+
+// The sync state (zeroed once, kept between launches): two arrival counters,
+// then the mailboxes of the phases' bf16 hand-offs, one
+// tagged 32-bit word a value: the value's bits in the low half, its launch's
+// tag in the high half. A reader polls the words it needs until each carries
+// its own launch's tag, so it takes a value as soon as the writer stores it,
+// with no grid barrier in between (a release, an arrival and an acquire poll:
+// ~0.8 us each, perf.md session 25) and no load after it. No other kernel
+// writes here, so a word that is not this launch's holds an earlier launch's
+// tag (tags run 1..65535 and every launch rewrites every word; zero never
+// matches).
+struct Mailbox {
+  unsigned long long *count, *out_count;  // the grid barrier's arrivals; blocks that posted their out rows
+  uint32_t *qkv, *q_cat, *latent, *attn, *out;  // {kQkvRows}, {kH, kRow}, {kRow}, {kAttnWidth}, {kD}
+};
+__host__ __device__ inline Mailbox mailbox_of(void* sync, size_t* bytes) {
+  Carver c{static_cast<char*>(sync)};
+  Mailbox m;
+  m.count = reinterpret_cast<unsigned long long*>(c.take(sizeof(unsigned long long)));
+  m.out_count = reinterpret_cast<unsigned long long*>(c.take(sizeof(unsigned long long)));
+  m.qkv = reinterpret_cast<uint32_t*>(c.take(4 * kQkvRows));
+  m.q_cat = reinterpret_cast<uint32_t*>(c.take(4 * kH * kRow));
+  m.latent = reinterpret_cast<uint32_t*>(c.take(4 * kRow));
+  m.attn = reinterpret_cast<uint32_t*>(c.take(4 * kAttnWidth));
+  m.out = reinterpret_cast<uint32_t*>(c.take(4 * kD));
+  if (bytes) *bytes = c.off;
+  return m;
+}
+
+__device__ __forceinline__ uint32_t tagged(__nv_bfloat16 v, uint32_t tag) {
+  return uint32_t(__bfloat16_as_ushort(v)) | tag << 16;
+}
+__device__ __forceinline__ float word_value(uint32_t w) { return __uint_as_float(w << 16); }
+// The bf16 halves of two words as one bf16 pair (a's first).
+__device__ __forceinline__ uint32_t word_pair(uint32_t a, uint32_t b) { return __byte_perm(a, b, 0x5410); }
+__device__ __forceinline__ bool has_tag(uint32_t w, uint32_t tag) { return w >> 16 == tag; }
+__device__ __forceinline__ bool has_tag(uint4 v, uint32_t tag) {
+  return has_tag(v.x, tag) && has_tag(v.y, tag) && has_tag(v.z, tag) && has_tag(v.w, tag);
+}
+
+__device__ __forceinline__ void post(uint32_t* p, uint32_t word) {
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(word) : "memory");
+}
+__device__ __forceinline__ uint2 peek2(const uint32_t* p) {
+  uint2 v;
+  asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint4 peek4(const uint32_t* p) {
+  uint4 v;
+  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+// A reader that waits far beyond any real phase traps instead of hanging.
+__device__ __forceinline__ void count_spin(long long& spins) {
+  if (++spins > (1ll << 22)) __trap();  // seconds: a real phase takes microseconds
+}
+
+// Two words at p (8-byte aligned) once both carry tag.
+__device__ __forceinline__ uint2 await2(const uint32_t* p, uint32_t tag) {
+  uint2 v = peek2(p);
+  for (long long spins = 0; !has_tag(v.x, tag) || !has_tag(v.y, tag); v = peek2(p)) count_spin(spins);
+  return v;
+}
+
+// 4 words at p (16-byte aligned) once all carry tag.
+__device__ __forceinline__ uint4 await4_one(const uint32_t* p, uint32_t tag) {
+  uint4 v = peek4(p);
+  for (long long spins = 0; !has_tag(v, tag); v = peek4(p)) count_spin(spins);
+  return v;
+}
+
+// kN chunks of 4 words (at addr(j), 16-byte aligned) once all carry tag. All
+// are requested at once; only the stale ones again.
+template <int kN, class Addr>
+__device__ __forceinline__ void await4(Addr addr, uint32_t tag, uint4 (&v)[kN]) {
+#pragma unroll
+  for (int j = 0; j < kN; ++j) v[j] = peek4(addr(j));
+  for (long long spins = 0;; count_spin(spins)) {
+    bool done = true;
+#pragma unroll
+    for (int j = 0; j < kN; ++j)
+      if (!has_tag(v[j], tag)) {
+        done = false;
+        v[j] = peek4(addr(j));
+      }
+    if (done) return;
+  }
 }
 
 // Weights: read once a step, first to leave L2.
@@ -100,48 +194,44 @@ __device__ __forceinline__ unsigned long long load_acquire(const unsigned long l
   return v;
 }
 
-// Grid barriers on one 64-bit arrival counter that only grows: a launch's
-// blocks each add 1 at each of its kBarriers barriers, so a launch starts at
-// a multiple of kBarriers x grid (read after the PDL wait, when the previous
-// launch has completed; fewer than `grid` arrivals of this launch can precede
-// the read) and barrier k waits for base + k x grid. That read is relaxed and
-// first used at the first barrier: an acquire there would hold back thread
-// 0's loads of phase 1, on which the block's syncs wait. One release add and
-// acquire polls by thread 0, which the block's __syncthreads extend to its
-// other threads; writes before a barrier are visible after it (read them with
-// ld.global.cg: L1 is not coherent). A block that waits far beyond any real
-// phase traps instead of hanging.
-constexpr int kBarriers = 5;  // the fifth ends phase 5; launches without phase 6 only arrive
-
+// The one grid barrier (the attention partials are f32, too wide to tag) on
+// a 64-bit arrival counter that only grows: a launch's blocks each add 1, so
+// launch k starts at k x grid (every thread reads the count after the PDL
+// wait, when the previous launch has completed; fewer than `grid` arrivals
+// of this launch can precede the read) and the barrier waits for
+// (k + 1) x grid. One release add and acquire polls by thread 0, which the
+// block's __syncthreads extend to its other threads; writes before the
+// barrier are visible after it (read them with ld.global.cg: L1 is not
+// coherent).
 __device__ __forceinline__ unsigned long long load_relaxed(const unsigned long long* p) {
   unsigned long long v;
   asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
 
-// The launch's base from the count read after the PDL wait.
-__device__ __forceinline__ unsigned long long barrier_base(unsigned long long count) {
-  const unsigned long long per_launch = static_cast<unsigned long long>(kBarriers) * gridDim.x;
-  return count / per_launch * per_launch;
-}
-
-__device__ void grid_arrive(unsigned long long* count) {
+// A count of blocks that posted a phase's values, for readers whose polls of
+// the values themselves would slow the last writers: relaxed (the values'
+// tags tell whether they are in), counted after the block's __syncthreads.
+__device__ void count_posted(unsigned long long* c) {
   __syncthreads();
-  if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(count) : "memory");
+  if (threadIdx.x == 0) asm volatile("red.relaxed.gpu.global.add.u64 [%0], 1;" ::"l"(c) : "memory");
 }
-
-__device__ void grid_wait(const unsigned long long* count, unsigned long long target) {
+__device__ void await_posted(const unsigned long long* c, unsigned long long target) {
   if (threadIdx.x == 0) {
     long long spins = 0;
-    while (load_acquire(count) < target)
-      if (++spins > (1ll << 22)) __trap();  // seconds: a real phase takes microseconds
+    while (load_relaxed(c) < target) count_spin(spins);
   }
   __syncthreads();
 }
 
 __device__ void grid_barrier(unsigned long long* count, unsigned long long target) {
-  grid_arrive(count);
-  grid_wait(count, target);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(count) : "memory");
+    long long spins = 0;
+    while (load_acquire(count) < target) count_spin(spins);
+  }
+  __syncthreads();
 }
 
 // 8 bf16 of global memory written earlier in this kernel (L2, not L1).
@@ -157,11 +247,11 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x) {
   return acc;
 }
 
-// out[r] = x · w[r] for the rows [0, rows) of w in shared memory ({rows, K}
+// store(r, x · w[r]) for the rows [0, rows) of w in shared memory ({rows, K}
 // bf16), x held by each lane as its K / 256 chunks; a warp a row.
-template <int kK>
+template <int kK, class Store>
 __device__ __forceinline__ void rows_times_vector(const __nv_bfloat16* w, int rows, const uint4 (&x)[kK / 256],
-                                                  __nv_bfloat16* out) {
+                                                  Store store) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int r = warp; r < rows; r += kWarps) {
     float acc = 0.0f;
@@ -169,7 +259,7 @@ __device__ __forceinline__ void rows_times_vector(const __nv_bfloat16* w, int ro
     for (int c = 0; c < kK / 256; ++c)
       acc += dot8(*reinterpret_cast<const uint4*>(w + size_t(r) * kK + c * 256 + lane * 8), x[c]);
     acc = warp_sum(acc);
-    if (lane == 0) out[r] = __float2bfloat16(acc);
+    if (lane == 0) store(r, acc);
   }
 }
 
@@ -186,6 +276,9 @@ struct Misc {
   // (phase 5). Each of the grid's ~1,000 warps reading such a row from L2
   // queued their requests on the same 32 lines (~2 us a phase on the H100).
   __nv_bfloat16 row[kD];
+  // The residual stream's row for phase 6, staged before this block's phase 5
+  // results go out: block 0 overwrites it in memory once it has them all.
+  __nv_bfloat16 residual[kD];
 #ifdef MLASERVE_CHAIN_TIMELINE
   unsigned long long timeline_enter;  // thread 0's
   int timeline_slot;
@@ -201,15 +294,15 @@ __device__ __forceinline__ unsigned long long global_ns() {
   return t;
 }
 
-// Thread 0 stamps: it alone holds the launch's barrier base, hence its slot.
+// Thread 0 stamps, into its launch's slot.
 #define CHAIN_TIMELINE_ENTER(m) \
   do { \
     if (threadIdx.x == 0) (m).timeline_enter = global_ns(); \
   } while (0)
-#define CHAIN_TIMELINE_BASE(m, count) \
+#define CHAIN_TIMELINE_BASE(m, launch) \
   do { \
     if (threadIdx.x == 0) { \
-      (m).timeline_slot = int((count) / (kBarriers * gridDim.x) % kChainTimelineLaunches); \
+      (m).timeline_slot = int((launch) % kChainTimelineLaunches); \
       g_chain_timeline[(m).timeline_slot][int(ChainEvent::Enter)][blockIdx.x] = (m).timeline_enter; \
     } \
   } while (0)
@@ -225,7 +318,7 @@ __device__ __forceinline__ unsigned long long global_ns() {
   } while (0)
 #else
 #define CHAIN_TIMELINE_ENTER(m) do {} while (0)
-#define CHAIN_TIMELINE_BASE(m, count) do {} while (0)
+#define CHAIN_TIMELINE_BASE(m, launch) do {} while (0)
 #define CHAIN_STAMP(m, event) do {} while (0)
 #define CHAIN_STAMP_ALL(m, event) do {} while (0)
 #endif
@@ -256,7 +349,7 @@ __device__ Constants load_constants(const MlaDecodeChainParams& p, bool latent_b
 }
 
 // The rope table as mla_prepare forms it, and kv_a_layernorm's weight, for
-// phase 2 (the first barrier orders these stores before its reads). Off
+// phase 2 (a __syncthreads orders these stores before its reads). Off
 // phase 1's path: its syncs would wait for the warp that does the sincosf.
 __device__ void stage_constants(const MlaDecodeChainParams& p, const Constants& c, Misc& m, bool latent_block) {
   if (threadIdx.x < kR / 2) {
@@ -273,7 +366,7 @@ __device__ void stage_constants(const MlaDecodeChainParams& p, const Constants& 
 // residual + x), h = bf16(r * rsqrt(mean(r^2) + eps) * w), w's 8 values of
 // this thread in in_norm), 8 values a thread; `sum` gets the thread's 8
 // values of r, for the block that writes them back (no block may before the
-// first barrier: all read in_residual). (Every warp norming the whole row
+// grid barrier: all read in_residual). (Every warp norming the whole row
 // itself made the step slower than the separate norm kernel.)
 __device__ __forceinline__ void load_h(const MlaDecodeChainParams& p, uint4 in_norm, Misc& m, uint4 (&h)[kChunks],
                                        Bf16x8& sum) {
@@ -313,36 +406,60 @@ __device__ __forceinline__ void load_h(const MlaDecodeChainParams& p, uint4 in_n
   for (int c = 0; c < kChunks; ++c) h[c] = *reinterpret_cast<const uint4*>(m.row + c * 256 + lane * 8);
 }
 
-__device__ __forceinline__ void rotate_pair(const __nv_bfloat16* src, const float* cs, int i, __nv_bfloat16* dst) {
-  const float a = __bfloat162float(__ldcg(src + 2 * i)), b = __bfloat162float(__ldcg(src + 2 * i + 1));
+// Pair i of a rope row, its two values in the tagged words v, as bf16.
+__device__ __forceinline__ void rotate_pair(uint2 v, const float* cs, int i, __nv_bfloat16& x, __nv_bfloat16& y) {
+  const float a = word_value(v.x), b = word_value(v.y);
   const float c = cs[2 * i], s = cs[2 * i + 1];
-  dst[2 * i] = __float2bfloat16_rn(a * c - b * s);
-  dst[2 * i + 1] = __float2bfloat16_rn(b * c + a * s);
+  x = __float2bfloat16_rn(a * c - b * s);
+  y = __float2bfloat16_rn(b * c + a * s);
 }
 
 // Phase 2's side work (the last block): the latent row [kv_a_layernorm(c_kv)
-// | rope(k_pe)] into the cache, mla_prepare's arithmetic.
-__device__ void latent_write(const MlaDecodeChainParams& p, const Scratch& s, const Misc& m) {
-  static_assert(kL == 2 * kThreads, "two latent values a thread");
-  const __nv_bfloat16* kv = s.qkv + kKvCol;
-  const float2 v = __bfloat1622float2(__ldcg(reinterpret_cast<const __nv_bfloat162*>(kv) + threadIdx.x));
+// | rope(k_pe)] into the cache, mla_prepare's arithmetic, and to the split
+// that holds the new token's row through the mailbox.
+__device__ void latent_write(const MlaDecodeChainParams& p, const Mailbox& box, uint32_t tag, const Misc& m) {
+  static_assert(kL == 2 * kThreads && kKvCol % 2 == 0, "two latent values a thread; pairs 8-byte aligned");
+  const uint32_t* kv = box.qkv + kKvCol;
+  const uint2 words = await2(kv + 2 * threadIdx.x, tag);
+  const float2 v = make_float2(word_value(words.x), word_value(words.y));
   const float inv_rms = rsqrtf(block_sum(v.x * v.x + v.y * v.y) / float(kL) + p.eps);
   __nv_bfloat16* row = p.cache + int64_t(p.out_slots[0]) * kRow;
   const float2 w = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(m.kv_norm)[threadIdx.x]);
-  row[2 * threadIdx.x] = __float2bfloat16_rn(v.x * inv_rms * w.x);
-  row[2 * threadIdx.x + 1] = __float2bfloat16_rn(v.y * inv_rms * w.y);
-  if (threadIdx.x < kR / 2) rotate_pair(kv + kL, m.cs, threadIdx.x, row + kL);
+  auto put = [&](int i, __nv_bfloat16 x, __nv_bfloat16 y) {
+    row[i] = x;
+    row[i + 1] = y;
+    post(box.latent + i, tagged(x, tag));
+    post(box.latent + i + 1, tagged(y, tag));
+  };
+  put(2 * threadIdx.x, __float2bfloat16_rn(v.x * inv_rms * w.x), __float2bfloat16_rn(v.y * inv_rms * w.y));
+  if (threadIdx.x < kR / 2) {
+    const int i = threadIdx.x;
+    __nv_bfloat16 x, y;
+    rotate_pair(await2(kv + kL + 2 * i, tag), m.cs, i, x, y);
+    put(kL + 2 * i, x, y);
+  }
 }
 
 // q_cat[h, l0 + j] = sum_d q_nope[h, d] · W_UK[h, d, l0 + j] for one unit,
 // its weights w{Dn, 64} in shared memory. Threads: 64 columns x 4 d-quarters.
 // The unit at l0 = 0 also ropes the head's q_pe into q_cat.
-__device__ void uk_unit(const Scratch& s, int unit, const __nv_bfloat16* w, Misc& m) {
+__device__ void uk_unit(const Mailbox& box, uint32_t tag, int unit, const __nv_bfloat16* w, Misc& m) {
+  static_assert(kDn / 2 <= kThreads && (kDn + kR) % 2 == 0, "a q_nope pair a thread; pairs 8-byte aligned");
   const int h = unit / (kL / kUkCols), l0 = unit % (kL / kUkCols) * kUkCols;
-  const __nv_bfloat16* q = s.qkv + h * (kDn + kR);
-  for (int d = threadIdx.x; d < kDn; d += blockDim.x) m.q[d] = __bfloat162float(__ldcg(q + d));
-  if (l0 == 0 && threadIdx.x >= kThreads - kR / 2)
-    rotate_pair(q + kDn, m.cs, threadIdx.x - (kThreads - kR / 2), s.q_cat + h * kRow + kL);
+  const uint32_t* q = box.qkv + h * (kDn + kR);
+  if (threadIdx.x < kDn / 2) {
+    const uint2 v = await2(q + 2 * threadIdx.x, tag);
+    m.q[2 * threadIdx.x] = word_value(v.x);
+    m.q[2 * threadIdx.x + 1] = word_value(v.y);
+  }
+  if (l0 == 0 && threadIdx.x >= kThreads - kR / 2) {
+    const int i = threadIdx.x - (kThreads - kR / 2);
+    __nv_bfloat16 x, y;
+    rotate_pair(await2(q + kDn + 2 * i, tag), m.cs, i, x, y);
+    uint32_t* dst = box.q_cat + h * kRow + kL + 2 * i;
+    post(dst, tagged(x, tag));
+    post(dst + 1, tagged(y, tag));
+  }
   __syncthreads();
   const int j = threadIdx.x % kUkCols, quarter = threadIdx.x / kUkCols;
   constexpr int kPerQuarter = kDn / (kThreads / kUkCols);
@@ -356,7 +473,7 @@ __device__ void uk_unit(const Scratch& s, int unit, const __nv_bfloat16* w, Misc
     float v = 0.0f;
 #pragma unroll
     for (int i = 0; i < kThreads / kUkCols; ++i) v += m.uk_sum[i * kUkCols + threadIdx.x];
-    s.q_cat[h * kRow + l0 + threadIdx.x] = __float2bfloat16(v);
+    post(box.q_cat + h * kRow + l0 + threadIdx.x, tagged(__float2bfloat16(v), tag));
   }
   __syncthreads();  // m.q and m.uk_sum are the next unit's
 }
@@ -385,24 +502,22 @@ struct AttnSmem {
   }
 };
 
-// cp.async of tile `tile` of the split into `stage`, all its rows or (`old`)
-// all but the new token's; rows past the split's end are zeroed.
-__device__ void load_tile(const MlaDecodeChainParams& p, const Split& sp, const AttnSmem& a, int tile, int stage,
-                          bool old) {
+// cp.async of tile `tile` of the split into `stage`, all its rows but the
+// new token's (it comes through the mailbox); rows past the split's end are zeroed.
+__device__ void load_tile(const MlaDecodeChainParams& p, const Split& sp, const AttnSmem& a, int tile, int stage) {
   for (int i = threadIdx.x; i < kTile * kRowChunks; i += kThreads) {
     const int r = i / kRowChunks, c = i % kRowChunks, row = tile * kTile + r;
     const bool valid = row < sp.rows;
-    if (old && valid && sp.row0 + row == sp.last_row) continue;
+    if (valid && sp.row0 + row == sp.last_row) continue;
     const int64_t slot = valid ? sp.slot(row) : 0;
     cp_async_16(a.k + (stage * kTile + r) * kPitch + c * 8, p.cache + slot * kRow + c * 8, valid ? 16 : 0);
   }
 }
 
-// While phases 1-2 finish elsewhere: the split's first two tiles, except the
-// new token's row, which phase 2 writes.
+// While phases 1-2 finish elsewhere: the split's first two tiles.
 __device__ void preload_split(const MlaDecodeChainParams& p, const Split& sp, uint8_t* smem) {
   const AttnSmem a(smem);
-  for (int t = 0; t < 2 && t * kTile < sp.rows; ++t) load_tile(p, sp, a, t, t, true);
+  for (int t = 0; t < 2 && t * kTile < sp.rows; ++t) load_tile(p, sp, a, t, t);
   cp_async_commit();
 }
 
@@ -410,24 +525,29 @@ __device__ void preload_split(const MlaDecodeChainParams& p, const Split& sp, ui
 // the block's softmax (log2 domain) go to the partials. Warps: scores as a 4
 // (8-row groups) x 2 (dim halves) grid, then each warp owns 64 of the 512
 // output dims.
-__device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s, uint8_t* smem, int split,
-                                const Split& sp, Misc& m) {
+__device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s, const Mailbox& box, uint32_t tag,
+                                uint8_t* smem, int split, const Split& sp, Misc& m) {
   const AttnSmem a(smem);
   __nv_bfloat16 *q_s = a.q, *k_s = a.k, *p_s = a.p;
   float *score_s = a.score, *exchange = a.exchange;
   __shared__ float m_run[kH], l_run[kH], alpha_s[kH];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, c4 = lane % 4;
   const int rows = sp.rows;
-  for (int i = tid; i < kH * kRowChunks; i += kThreads) {
-    const int r = i / kRowChunks, c = i % kRowChunks;
-    cp_async_16(q_s + r * kPitch + c * 8, s.q_cat + r * kRow + c * 8);
+  {
+    constexpr int kQChunks = kH * kRow / 4 / kThreads;  // 4-word chunks of q_cat a thread
+    static_assert(kH * kRow % (4 * kThreads) == 0 && kRow % 4 == 0, "whole chunks, none across rows");
+    uint4 v[kQChunks];
+    await4<kQChunks>([&](int j) { return box.q_cat + 4 * (tid + j * kThreads); }, tag, v);
+#pragma unroll
+    for (int j = 0; j < kQChunks; ++j) {
+      const int i = 4 * (tid + j * kThreads), r = i / kRow, c = i % kRow;
+      *reinterpret_cast<uint2*>(q_s + r * kPitch + c) =
+          make_uint2(word_pair(v[j].x, v[j].y), word_pair(v[j].z, v[j].w));
+    }
   }
-  // The new token's row, if preload_split left it out.
-  const int new_row = sp.last_row - sp.row0;
-  if (new_row >= 0 && new_row < min(rows, 2 * kTile))
-    for (int c = tid; c < kRowChunks; c += kThreads)
-      cp_async_16(k_s + new_row * kPitch + c * 8, p.cache + sp.slot(new_row) * kRow + c * 8);
-  cp_async_commit();
+  CHAIN_STAMP(m, AttnQIn);
+  // The tile that holds the new token's row, if this split has it.
+  const int new_row = sp.last_row - sp.row0, new_tile = new_row >= 0 && new_row < rows ? new_row / kTile : -1;
   if (tid < kH) m_run[tid] = -INFINITY, l_run[tid] = 0.0f;
 
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
@@ -436,11 +556,16 @@ __device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s,
   const int tiles = ceil_div(rows, kTile);
   for (int t = 0; t < tiles; ++t) {
     if (t >= 1 && t + 1 < tiles) {  // tiles 0 and 1 are in already
-      load_tile(p, sp, a, t + 1, (t + 1) % 2, false);
+      load_tile(p, sp, a, t + 1, (t + 1) % 2);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
+    }
+    if (t == new_tile && tid < kRow / 4) {
+      const uint4 v = await4_one(box.latent + 4 * tid, tag);
+      *reinterpret_cast<uint2*>(k_s + ((t % 2) * kTile + new_row % kTile) * kPitch + 4 * tid) =
+          make_uint2(word_pair(v.x, v.y), word_pair(v.z, v.w));
     }
     __syncthreads();
     if (t == 0) CHAIN_STAMP(m, AttnFirstTileIn);
@@ -537,7 +662,7 @@ __device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s,
   }
 
   // The output through the tiles' stages (free after the loop's last
-  // barrier) into whole-line stores: the fragments' own stores touch 8 rows'
+  // __syncthreads) into whole-line stores: the fragments' own stores touch 8 rows'
   // lines each. Rows padded to 520 floats: the 8 rows a store writes fall
   // on distinct banks.
   constexpr int kStagePitch = kL + 8;
@@ -628,19 +753,22 @@ __device__ void merge_head(const Scratch& s, int h, int splits, Misc& m) {
 // residual and the normed row. The MoE routes from the logits itself
 // (Backend::moe_route_experts), so the grid completes as soon as they are
 // written, ~5 us sooner than with an arrival count and the last block's
-// selection (v2-lite bs 1, H100: 2.270 against 2.305 ms a step). res: this
-// thread's 8 values of the residual, read before the fifth barrier (block 0
-// overwrites them after it); w: its 8 router and 8 norm weights, loaded
-// before the PDL wait.
-__device__ void route_phase(const MlaDecodeChainParams& p, int e, Bf16x8 res, uint4 router_w, uint4 norm_w,
-                            Misc& m) {
+// selection (v2-lite bs 1, H100: 2.270 against 2.305 ms a step). The
+// thread's 8 values: of the residual in m.residual, of out in the tagged
+// words `out`; w: its 8 router and 8 norm weights, loaded before the PDL wait.
+__device__ void route_phase(const MlaDecodeChainParams& p, int e, const uint4 (&out)[2], uint4 router_w,
+                            uint4 norm_w, Misc& m) {
   static_assert(kD == 8 * kThreads, "8 hidden values a thread");
   const int i0 = threadIdx.x * 8;
   float v[8], o[8], w[8], g[8];
-  res.to_float(v);
-  Bf16x8 out;
-  *reinterpret_cast<uint4*>(&out) = load_cg(p.out + i0);
-  out.to_float(o);
+  Bf16x8::load(m.residual + i0).to_float(v);
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    o[4 * j] = word_value(out[j].x);
+    o[4 * j + 1] = word_value(out[j].y);
+    o[4 * j + 2] = word_value(out[j].z);
+    o[4 * j + 3] = word_value(out[j].w);
+  }
 #pragma unroll
   for (int j = 0; j < 8; ++j) v[j] += o[j];
   const Bf16x8 sum = Bf16x8::from_float(v);
@@ -724,8 +852,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   }
 
   pdl_wait();  // h comes from the previous kernel
-  const unsigned long long count = tid == 0 ? load_relaxed(p.barrier) : 0;
-  CHAIN_TIMELINE_BASE(misc, count);
+  // Every thread reads the count: the tags of its posts and polls.
+  const Mailbox box = mailbox_of(p.sync, nullptr);
+  const unsigned long long count = load_relaxed(box.count), launch = count / unsigned(grid);
+  const uint32_t tag = uint32_t(launch % 65535) + 1;
+  CHAIN_TIMELINE_BASE(misc, launch);
   CHAIN_STAMP(misc, WaitReturned);
 
   Split sp;
@@ -752,15 +883,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
     first_slot = tid < min(sp.rows, 2 * kTile) ? p.kv_slots[sp.kv_begin + sp.row0 + tid] : 0;
     sm90::mbar_wait(&bars[0], 0);
     CHAIN_STAMP(misc, Phase1Ready);
-    rows_times_vector<kD>(qkv_w, qkv_n, x, s.qkv + qkv0);
+    rows_times_vector<kD>(qkv_w, qkv_n, x, [&](int r, float acc) {
+      post(box.qkv + qkv0 + r, tagged(__float2bfloat16(acc), tag));
+    });
   }
   CHAIN_STAMP_ALL(misc, Phase1Done);
   if (tid < 2 * kTile) first_slots[tid] = first_slot;
   stage_constants(p, constants, misc, b == grid - 1);
-  // The arrival's release waits for the block's loads in flight, so the
-  // split's loads below come after it. Its sync also frees the qkv weights'
-  // region for the attention tiles.
-  grid_arrive(p.barrier);
+  __syncthreads();  // the staged slots and constants; the qkv weights' region is free for the tiles
   // The context rows of tiles past the second go to L2 now (they are read
   // after phase 2; earlier, the previous kernels' traffic would evict them).
   for (int i = tid; i < max(0, sp.rows - 2 * kTile) * (kRow * 2 / 128); i += kThreads) {
@@ -768,30 +898,37 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
     prefetch_l2(reinterpret_cast<const uint8_t*>(p.cache + sp.slot(r) * kRow) + line * 128);
   }
   if (sp.rows > 0) preload_split(p, sp, smem);
-  const unsigned long long base = barrier_base(count);
-  grid_wait(p.barrier, base + grid);
-  CHAIN_STAMP(misc, Barrier1);
 
-  // 2. q_nope · W_UK and the q_pe rope; the latent write; the input residual
-  // (a block past the W_UK units where the grid has one: no block reads
-  // in_residual after the first barrier).
+  // 2. q_nope · W_UK and the q_pe rope; the latent write.
   if (uk_n) sm90::mbar_wait(&bars[1], 0);
-  for (int i = 0, u = b; u < kUkUnits; ++i, u += grid) uk_unit(s, u, uk_w + i * kDn * kUkCols, misc);
-  if (b == grid - 1) latent_write(p, s, misc);
-  if (p.in_residual && b == max(0, grid - 2)) input_residual.store(p.in_residual + tid * 8);
+  for (int i = 0, u = b; u < kUkUnits; ++i, u += grid) {
+    uk_unit(box, tag, u, uk_w + i * kDn * kUkCols, misc);
+    if (i == 0) CHAIN_STAMP(misc, Phase2Ready);
+  }
+  if (b == grid - 1) latent_write(p, box, tag, misc);
   CHAIN_STAMP_ALL(misc, Phase2Done);
-  grid_barrier(p.barrier, base + 2 * grid);
-  CHAIN_STAMP(misc, Barrier2);
 
   // 3. Attention over this block's split.
-  if (sp.rows > 0) attention_split(p, s, smem, b, sp, misc);
-  // The next kernel's trigger is below the fifth barrier. Here it made the
-  // step slower while a chain block left room for other blocks beside it
-  // (bs 1 on the H200: 2.04 ms a step against 2.14); with a block filling
-  // its SM, after barrier 1 or 4 it is within noise (perf.md, session 26).
+  if (sp.rows > 0) attention_split(p, s, box, tag, smem, b, sp, misc);
+  // The next kernel's trigger is in phase 6. Here it made the step slower
+  // while a chain block left room for other blocks beside it (bs 1 on the
+  // H200: 2.04 ms a step against 2.14); with a block filling its SM, earlier
+  // triggers were within noise (perf.md, session 26) and the route phase's
+  // end or phase 5's start slower (2.203 / 2.201 against 2.186, session 31).
   CHAIN_STAMP_ALL(misc, AttentionDone);
-  grid_barrier(p.barrier, base + 3 * grid);
-  CHAIN_STAMP(misc, Barrier3);
+  grid_barrier(box.count, (launch + 1) * unsigned(grid));
+  CHAIN_STAMP(misc, Barrier);
+
+  // The input residual, now that every block has read it, unless block 0
+  // writes the residual stream in phase 6 (the same row: the stores would race).
+  const bool residual_in_place = p.x && p.in_residual && p.in_residual == p.residual && p.router;
+  if (p.in_residual && !residual_in_place && b == max(0, grid - 2)) input_residual.store(p.in_residual + tid * 8);
+  if (routes) {
+    if (residual_in_place)
+      input_residual.store(misc.residual + tid * 8);
+    else
+      reinterpret_cast<uint4*>(misc.residual)[tid] = load_cg(p.residual + tid * 8);
+  }
 
   // 4. Merge and W_UV for this block's rows (one or two heads).
   sm90::mbar_wait(&bars[2], 0);
@@ -810,45 +947,55 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
         for (int j = 0; j < 8; ++j) acc = fmaf(wf[j], misc.o[c * 256 + lane * 8 + j], acc);
       }
       acc = warp_sum(acc);
-      if (lane == 0) s.attn[i] = __float2bfloat16(acc);
+      if (lane == 0) post(box.attn + i, tagged(__float2bfloat16(acc), tag));
     }
     __syncthreads();  // misc.o is the next head's
     r = end;
   }
   CHAIN_STAMP_ALL(misc, Phase4Done);
-  grid_barrier(p.barrier, base + 4 * grid);
-  CHAIN_STAMP(misc, Barrier4);
 
   // 5. o_proj rows.
   {
     static_assert(kAttnWidth == kD, "attn is staged in misc.row");
-    reinterpret_cast<uint4*>(misc.row)[tid] = load_cg(s.attn + tid * 8);
+    uint4 words[2];
+    await4<2>([&](int j) { return box.attn + tid * 8 + 4 * j; }, tag, words);
+    reinterpret_cast<uint4*>(misc.row)[tid] = make_uint4(word_pair(words[0].x, words[0].y),
+                                                         word_pair(words[0].z, words[0].w),
+                                                         word_pair(words[1].x, words[1].y),
+                                                         word_pair(words[1].z, words[1].w));
+    CHAIN_STAMP(misc, Phase5AttnIn);
     __syncthreads();
     uint4 a[kAttnChunks];
 #pragma unroll
     for (int c = 0; c < kAttnChunks; ++c) a[c] = *reinterpret_cast<const uint4*>(misc.row + c * 256 + (tid % 32) * 8);
     sm90::mbar_wait(&bars[3], 0);
     CHAIN_STAMP(misc, Phase5Ready);
-    rows_times_vector<kAttnWidth>(o_w, o_n, a, p.out + o0);
+    rows_times_vector<kAttnWidth>(o_w, o_n, a, [&](int r, float acc) {
+      const __nv_bfloat16 v = __float2bfloat16(acc);
+      p.out[o0 + r] = v;
+      post(box.out + o0 + r, tagged(v, tag));
+    });
   }
 
-  // 6. The MoE layer's start (blocks that take no part only arrive).
+  // 6. The MoE layer's start (blocks that take no part are done).
   CHAIN_STAMP_ALL(misc, Phase5Done);
+  // 64 route blocks polling all of out slowed its last writers (v2-lite
+  // bs 1, H100: 2.186 against 2.172 ms a step with this count).
+  count_posted(box.out_count);
   if (!routes) {
-    grid_arrive(p.barrier);
     CHAIN_STAMP(misc, Exit);
     return;
   }
-  Bf16x8 residual;
-  *reinterpret_cast<uint4*>(&residual) = load_cg(p.residual + tid * 8);
-  grid_barrier(p.barrier, base + 5 * grid);
-  CHAIN_STAMP(misc, Barrier5);
+  await_posted(box.out_count, (launch + 1) * unsigned(grid));
+  uint4 out[2];
+  await4<2>([&](int j) { return box.out + tid * 8 + 4 * j; }, tag, out);
+  CHAIN_STAMP(misc, RouteOutIn);
   // The MoE's gate_up may launch now, on the SMs the blocks past the router's
   // rows just left: its shared experts' blocks request their first weights
   // while the route phase keeps DRAM idle (v2-lite bs 1, H100: 2.343 against
   // 2.357 ms a step).
   pdl_launch_dependents();
-  route_phase(p, b, residual, router_w, norm_w, misc);
+  route_phase(p, b, out, router_w, norm_w, misc);
   CHAIN_STAMP_ALL(misc, Exit);
 }
 
@@ -886,6 +1033,12 @@ bool mla_decode_chain_applies(const MlaDecodeChainShape& s, int sm_count) {
 
 bool mla_decode_chain_routes(int num_experts, int sm_count) { return num_experts >= 1 && num_experts <= sm_count; }
 
+size_t mla_decode_chain_sync_bytes() {
+  size_t bytes = 0;
+  mailbox_of(nullptr, &bytes);
+  return bytes;
+}
+
 size_t mla_decode_chain_scratch_bytes(int sm_count) {
   size_t bytes = 0;
   carve(nullptr, sm_count, &bytes);
@@ -893,11 +1046,11 @@ size_t mla_decode_chain_scratch_bytes(int sm_count) {
 }
 
 void mla_decode_chain(const MlaDecodeChainParams& p, int sm_count, cudaStream_t stream) {
-  MLA_CUDA_REQUIRE(sm_count >= 1 && sm_count <= kMaxGrid && p.scratch && p.barrier,
+  MLA_CUDA_REQUIRE(sm_count >= 1 && sm_count <= kMaxGrid && p.scratch && p.sync,
                    "mla_decode_chain: " + std::to_string(sm_count) + " SMs (1 to " + std::to_string(kMaxGrid) +
-                       "), scratch and barrier required");
+                       "), scratch and sync state required");
   // A block takes all of an SM's shared memory, not only its layout's: the
-  // MoE's gate_up, launched at the fifth barrier, then starts on the SMs
+  // MoE's gate_up, launched once out is whole, then starts on the SMs
   // whose blocks have left instead of beside the route phase, which it
   // slowed by up to 2.5 us (v2-lite bs 1, H100: 2.303 against 2.324 ms a step).
   static const int smem = [] {  // once per process, as the other kernels set theirs

@@ -8,18 +8,21 @@
 // kernel boundary (docs/perf.md, session 5). Here one block per SM loads its
 // slice of every phase's weights into shared memory with bulk copies before
 // waiting for the previous kernel (208 KB a block, the whole 27 MB on 132
-// SMs), and the phases meet at grid barriers instead of kernel boundaries:
+// SMs), and the phases hand their results on through tagged mailboxes (a
+// reader polls the values it needs) instead of kernel boundaries:
 //   1. qkv[r] = h · w_qkv[r] for the block's rows r (with a norm head, every
 //      warp first forms h from the residual stream and the previous block's
 //      output, so the chain waits on the MoE directly, not on a norm kernel);
 //   2. q_cat[h, l] = q_nope[h] · W_UK[h][:, l] for the block's (head,
-//      64-column) unit; the last block writes the latent row (kv_a norm, k_pe
-//      rope) to the cache and ropes every head's q_pe into q_cat;
+//      64-column) unit, which also ropes the head's q_pe into q_cat; the
+//      last block writes the latent row (kv_a norm, k_pe rope) to the cache;
 //   3. split attention over the context (16 heads on tensor cores; splits of
-//      multiples of 32 rows, as many as fill the grid), partial results out;
-//   4. each block merges the partials of its heads and applies W_UV to its rows;
+//      multiples of 32 rows on the last blocks, as many as fill the grid),
+//      partial results out;
+//   4. after the one grid barrier, each block merges the partials of its
+//      heads and applies W_UV to its rows;
 //   5. out[n] = attn · w_o[n] for the block's rows;
-//   6. at a MoE layer (router set), after a fifth barrier: each of the first
+//   6. at a MoE layer (router set), once out is whole: each of the first
 //      E blocks adds out to the residual, norms it (every block for itself)
 //      and forms one router logit; block 0 writes the residual and the normed
 //      row. The MoE routes from the logits (Backend::moe_route_experts), so
@@ -28,7 +31,7 @@
 // tensors, so both paths agree up to summation order.
 // Needs every block resident at once: the grid is one block per SM and a
 // block takes more than half an SM's shared memory, so this assumes the GPU
-// is not shared with other work (a block that waits seconds at a barrier
+// is not shared with other work (a block that waits seconds for a value
 // traps). A cooperative launch would guarantee it, but it gives up the
 // programmatic early launch: 2.17-2.19 ms a bs-1 step against 2.07 (H200).
 #include <cuda_bf16.h>
@@ -65,8 +68,9 @@ struct MlaDecodeChainParams {
   __nv_bfloat16* out = nullptr;            // {D}
   // The block's input norm (Backend's ResidualNorm), when x is set: each
   // block forms h = rmsnorm(in_residual + x) * in_norm itself in phase 1;
-  // one block writes in_residual += x after the first barrier (when no block
-  // reads it any more). No in_residual (the first block): h = rmsnorm(x) * in_norm.
+  // one block writes in_residual += x after the grid barrier (when no block
+  // reads it any more), unless phase 6 writes the same row as residual. No
+  // in_residual (the first block): h = rmsnorm(x) * in_norm.
   const __nv_bfloat16* x = nullptr;        // {D}
   const __nv_bfloat16* in_norm = nullptr;  // {D}
   float in_eps = 1e-6f;
@@ -79,16 +83,17 @@ struct MlaDecodeChainParams {
   __nv_bfloat16* normed = nullptr;          // {D}
   int num_experts = 0;                      // router rows E
   float* logits = nullptr;                  // {E}: normed · router[e] (linear_f32_out's)
-  // Scratch (mla_decode_chain_scratch_bytes); barrier: the grid barriers'
-  // arrival counter, zeroed once and kept between launches (it only grows).
+  // Scratch (mla_decode_chain_scratch_bytes); sync: the grid barrier's
+  // arrival counter and the mailboxes (mla_decode_chain_sync_bytes), zeroed
+  // once and kept between launches, used by no other kernel.
   void* scratch = nullptr;
-  unsigned long long* barrier = nullptr;
+  void* sync = nullptr;
 };
 
 // Whether phase 6 handles E routed experts on this grid.
 bool mla_decode_chain_routes(int num_experts, int sm_count);
-// Bytes of the barrier buffer (zero it once).
-constexpr size_t kMlaDecodeChainBarrierBytes = 8;
+// Bytes of the sync state (zero it once).
+size_t mla_decode_chain_sync_bytes();
 size_t mla_decode_chain_scratch_bytes(int sm_count);
 void mla_decode_chain(const MlaDecodeChainParams& p, int sm_count, cudaStream_t stream);
 
@@ -98,9 +103,9 @@ void mla_decode_chain(const MlaDecodeChainParams& p, int sm_count, cudaStream_t 
 // goes (docs/perf.md, session 25). scripts/device/chain_timeline.py names
 // them in this order.
 enum class ChainEvent {
-  Enter, WaitReturned, Phase1Ready, Phase1Done, Barrier1, Phase2Done, Barrier2, AttnFirstTileIn, AttnFirstScores,
-  AttnFirstPv, AttentionDone, Barrier3, FirstMergeDone, Phase4Done, Barrier4, Phase5Ready, Phase5Done, Barrier5,
-  RouteNormed, RouteLogit, Exit, Count
+  Enter, WaitReturned, Phase1Ready, Phase1Done, Phase2Ready, Phase2Done, AttnQIn, AttnFirstTileIn, AttnFirstScores,
+  AttnFirstPv, AttentionDone, Barrier, FirstMergeDone, Phase4Done, Phase5AttnIn, Phase5Ready, Phase5Done,
+  RouteOutIn, RouteNormed, RouteLogit, Exit, Count
 };
 constexpr int kChainTimelineLaunches = 512, kChainTimelineBlocks = 256;
 // Writes the stamps of the last kChainTimelineLaunches launches to path as
