@@ -85,16 +85,16 @@ __host__ __device__ inline Scratch carve(void* base, int grid, size_t* bytes) {
   return s;
 }
 
-// The sync state (zeroed once, kept between launches): two arrival counters,
-// then the mailboxes of the phases' bf16 hand-offs, one
-// tagged 32-bit word a value: the value's bits in the low half, its launch's
-// tag in the high half. A reader polls the words it needs until each carries
-// its own launch's tag, so it takes a value as soon as the writer stores it,
-// with no grid barrier in between (a release, an arrival and an acquire poll:
-// ~0.8 us each, perf.md session 25) and no load after it. No other kernel
-// writes here, so a word that is not this launch's holds an earlier launch's
-// tag (tags run 1..65535 and every launch rewrites every word; zero never
-// matches).
+// The sync state (zeroed once, kept between launches): two arrival counters
+// that only grow (every block adds 1 to each a launch), then the mailboxes of
+// the phases' bf16 hand-offs, one tagged 32-bit word a value: the value's
+// bits in the low half, its launch's tag in the high half. A reader polls
+// the words it needs until each carries its own launch's tag, so it takes a
+// value as soon as the writer stores it, with no grid barrier in between (a
+// release, an arrival and an acquire poll: ~0.8 us each, perf.md session 25)
+// and no load after it. No other kernel writes here, so a word that is not
+// this launch's holds an earlier launch's tag (tags run 1..65535 and every
+// launch rewrites every word; zero never matches).
 struct Mailbox {
   unsigned long long *count, *out_count;  // the grid barrier's arrivals; blocks that posted their out rows
   uint32_t *qkv, *q_cat, *latent, *attn, *out;  // {kQkvRows}, {kH, kRow}, {kRow}, {kAttnWidth}, {kD}
@@ -194,15 +194,6 @@ __device__ __forceinline__ unsigned long long load_acquire(const unsigned long l
   return v;
 }
 
-// The one grid barrier (the attention partials are f32, too wide to tag) on
-// a 64-bit arrival counter that only grows: a launch's blocks each add 1, so
-// launch k starts at k x grid (every thread reads the count after the PDL
-// wait, when the previous launch has completed; fewer than `grid` arrivals
-// of this launch can precede the read) and the barrier waits for
-// (k + 1) x grid. One release add and acquire polls by thread 0, which the
-// block's __syncthreads extend to its other threads; writes before the
-// barrier are visible after it (read them with ld.global.cg: L1 is not
-// coherent).
 __device__ __forceinline__ unsigned long long load_relaxed(const unsigned long long* p) {
   unsigned long long v;
   asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -224,6 +215,14 @@ __device__ void await_posted(const unsigned long long* c, unsigned long long tar
   __syncthreads();
 }
 
+// The one grid barrier (the attention partials are f32, too wide to tag), on
+// the first counter: launch k starts at k x grid (every thread reads the
+// count after the PDL wait, when the previous launch has completed; fewer
+// than `grid` arrivals of this launch can precede the read) and the barrier
+// waits for (k + 1) x grid. One release add and acquire polls by thread 0,
+// which the block's __syncthreads extend to its other threads; writes before
+// the barrier are visible after it (read them with ld.global.cg: L1 is not
+// coherent).
 __device__ void grid_barrier(unsigned long long* count, unsigned long long target) {
   __syncthreads();
   if (threadIdx.x == 0) {
