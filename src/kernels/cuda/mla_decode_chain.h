@@ -17,8 +17,9 @@
 //      64-column) unit, which also ropes the head's q_pe into q_cat; the
 //      last block writes the latent row (kv_a norm, k_pe rope) to the cache;
 //   3. split attention over the context (16 heads on tensor cores; splits of
-//      multiples of 32 rows on the last blocks, as many as fill the grid),
-//      partial results out;
+//      multiples of 32 rows on the first blocks, as many as fill the grid),
+//      partial results out; the split holding the new token's row takes it
+//      from the latent writer's mailbox;
 //   4. after the one grid barrier, each block merges the partials of its
 //      heads and applies W_UV to its rows;
 //   5. out[n] = attn · w_o[n] for the block's rows;
@@ -83,8 +84,8 @@ struct MlaDecodeChainParams {
   __nv_bfloat16* normed = nullptr;          // {D}
   int num_experts = 0;                      // router rows E
   float* logits = nullptr;                  // {E}: normed · router[e] (linear_f32_out's)
-  // Scratch (mla_decode_chain_scratch_bytes); sync: the grid barrier's
-  // arrival counter and the mailboxes (mla_decode_chain_sync_bytes), zeroed
+  // Scratch (mla_decode_chain_scratch_bytes); sync: two arrival counters
+  // and the mailboxes (mla_decode_chain_sync_bytes), zeroed
   // once and kept between launches, used by no other kernel.
   void* scratch = nullptr;
   void* sync = nullptr;
