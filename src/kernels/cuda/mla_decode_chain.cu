@@ -22,6 +22,7 @@ constexpr int kQkvRows = kH * (kDn + kR) + kL + kR;   // fused q / kv_a outputs
 constexpr int kKvCol = kH * (kDn + kR);               // kv_a's first column in qkv
 constexpr int kUkCols = 64;                           // W_UK output columns of one unit
 constexpr int kUkUnits = kH * (kL / kUkCols);
+constexpr int kUkPerBlock = 2, kUkBlocks = kUkUnits / kUkPerBlock;
 constexpr int kAttnWidth = kH * kDv;                  // W_UV rows, o_proj's K
 constexpr int kThreads = 256, kWarps = kThreads / 32;
 constexpr int kChunks = kD / 256;                     // 16-byte chunks a lane holds of h
@@ -36,10 +37,13 @@ constexpr int kRowChunks = kRow / 8;
 
 constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-// Byte offsets of the dynamic shared-memory regions of a block.
+// Byte offsets of the dynamic shared-memory regions of a block, its rows of
+// each phase, and where the W_UK units sit: kUkBlocks blocks from uk_block0,
+// after the attention splits (the first blocks) and before the last ones,
+// which enter last (perf.md, session 32).
 struct Layout {
-  int qkv_rows, uk_units, uv_rows, o_rows;
-  size_t uk, uv, o, total;
+  int qkv_rows, uv_rows, o_rows, uk_block0;
+  size_t uv, o, total;
 };
 
 constexpr size_t kAttnBytes = sizeof(__nv_bfloat16) * (kH * kPitch + 2 * kTile * kPitch + kH * kPPitch) +
@@ -48,12 +52,11 @@ constexpr size_t kAttnBytes = sizeof(__nv_bfloat16) * (kH * kPitch + 2 * kTile *
 __host__ __device__ inline Layout layout_for(int grid) {
   Layout l{};
   l.qkv_rows = ceil_div(kQkvRows, grid);
-  l.uk_units = ceil_div(kUkUnits, grid);
+  l.uk_block0 = grid / 4;
   l.uv_rows = ceil_div(kAttnWidth, grid);
   l.o_rows = ceil_div(kD, grid);
   const size_t a = sizeof(__nv_bfloat16) * size_t(l.qkv_rows) * kD;
-  l.uk = (a > kAttnBytes ? a : kAttnBytes);
-  l.uv = l.uk + sizeof(__nv_bfloat16) * size_t(l.uk_units) * kDn * kUkCols;
+  l.uv = (a > kAttnBytes ? a : kAttnBytes);
   l.o = l.uv + sizeof(__nv_bfloat16) * size_t(l.uv_rows) * kL;
   l.total = l.o + sizeof(__nv_bfloat16) * size_t(l.o_rows) * kAttnWidth;
   return l;
@@ -268,7 +271,7 @@ struct Misc {
   float weight[kMaxGrid], l[kMaxGrid];  // the splits' maxima / merge weights and sums
   float4 part[kL / 4];           // the second half of the splits' sum
   float q[kDn];                  // a head's q_nope (phase 2)
-  float uk_sum[kThreads];
+  float uk_sum[kWarps * kUkCols];  // phase 2's sums of each warp
   float cs[kR];                  // {cos, sin} * cos_sin_scale of the token's angles
   __nv_bfloat16 kv_norm[kL];
   // A row every warp reads whole, staged once a block: h (phase 1), attn
@@ -439,10 +442,26 @@ __device__ void latent_write(const MlaDecodeChainParams& p, const Mailbox& box, 
   }
 }
 
-// q_cat[h, l0 + j] = sum_d q_nope[h, d] · W_UK[h, d, l0 + j] for one unit,
-// its weights w{Dn, 64} in shared memory. Threads: 64 columns x 4 d-quarters.
+// A W_UK unit's weights (64 columns of a head's Dn rows) as thread t holds
+// them, loaded before the PDL wait: rows 4 (t / 8) + j (j < 4), columns
+// l0 + 8 (t % 8) .. + 7. In registers, they leave shared memory to the qkv
+// rows (Layout).
+struct UkWeights {
+  uint4 w[4];
+};
+__device__ UkWeights load_uk(const MlaDecodeChainParams& p, int unit) {
+  static_assert(kThreads == 8 * (kDn / 4) && kUkCols == 8 * 8, "8 column groups x 32 row quads");
+  const int h = unit / (kL / kUkCols), l0 = unit % (kL / kUkCols) * kUkCols;
+  const int cg = threadIdx.x % 8, dg = threadIdx.x / 8;
+  UkWeights u;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) u.w[j] = load_streamed_16(p.w_uk + (size_t(h) * kDn + 4 * dg + j) * kL + l0 + 8 * cg);
+  return u;
+}
+
+// q_cat[h, l0 + j] = sum_d q_nope[h, d] · W_UK[h, d, l0 + j] for one unit.
 // The unit at l0 = 0 also ropes the head's q_pe into q_cat.
-__device__ void uk_unit(const Mailbox& box, uint32_t tag, int unit, const __nv_bfloat16* w, Misc& m) {
+__device__ void uk_unit(const Mailbox& box, uint32_t tag, int unit, const UkWeights& w, Misc& m) {
   static_assert(kDn / 2 <= kThreads && (kDn + kR) % 2 == 0, "a q_nope pair a thread; pairs 8-byte aligned");
   const int h = unit / (kL / kUkCols), l0 = unit % (kL / kUkCols) * kUkCols;
   const uint32_t* q = box.qkv + h * (kDn + kR);
@@ -460,18 +479,30 @@ __device__ void uk_unit(const Mailbox& box, uint32_t tag, int unit, const __nv_b
     post(dst + 1, tagged(y, tag));
   }
   __syncthreads();
-  const int j = threadIdx.x % kUkCols, quarter = threadIdx.x / kUkCols;
-  constexpr int kPerQuarter = kDn / (kThreads / kUkCols);
-  float acc = 0.0f;
-#pragma unroll 8
-  for (int d = quarter * kPerQuarter; d < (quarter + 1) * kPerQuarter; ++d)
-    acc = fmaf(m.q[d], __bfloat162float(w[d * kUkCols + j]), acc);
-  m.uk_sum[quarter * kUkCols + j] = acc;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, cg = threadIdx.x % 8, dg = threadIdx.x / 8;
+  float acc[8] = {};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    float f[8];
+    bf16x8_to_float(w.w[j], f);
+    const float qd = m.q[4 * dg + j];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = fmaf(qd, f[i], acc[i]);
+  }
+  // The warp's four row quads (lanes 8 apart), then the warps.
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 8);
+    acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 16);
+  }
+  if (lane < 8)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m.uk_sum[warp * kUkCols + 8 * cg + i] = acc[i];
   __syncthreads();
   if (threadIdx.x < kUkCols) {
     float v = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kThreads / kUkCols; ++i) v += m.uk_sum[i * kUkCols + threadIdx.x];
+    for (int i = 0; i < kWarps; ++i) v += m.uk_sum[i * kUkCols + threadIdx.x];
     post(box.q_cat + h * kRow + l0 + threadIdx.x, tagged(__float2bfloat16(v), tag));
   }
   __syncthreads();  // m.q and m.uk_sum are the next unit's
@@ -481,6 +512,7 @@ __device__ void uk_unit(const Mailbox& box, uint32_t tag, int unit, const __nv_b
 // at kv_begin; the last context row (the new token's, written in phase 2).
 struct Split {
   int kv_begin, last_row, row0, rows;
+  uint64_t* tile_bars;       // the first two tiles in (preload_split)
   const int* first_slots;    // shared copy of the first two tiles' slots (read during phase 1)
   const int32_t* all_slots;  // the batch's kv_slots
   __device__ int64_t slot(int row) const {
@@ -513,11 +545,29 @@ __device__ void load_tile(const MlaDecodeChainParams& p, const Split& sp, const 
   }
 }
 
-// While phases 1-2 finish elsewhere: the split's first two tiles.
+// While phases 1-2 finish elsewhere: the split's first two tiles, a bulk
+// copy a row from warp 0's lanes, all but the new token's row; the other
+// warps zero the rows past the split's end. By cp.async (16 bytes a thread)
+// the split blocks took ~1 us to issue them, and the attention waited for
+// that (perf.md, session 32).
 __device__ void preload_split(const MlaDecodeChainParams& p, const Split& sp, uint8_t* smem) {
   const AttnSmem a(smem);
-  for (int t = 0; t < 2 && t * kTile < sp.rows; ++t) load_tile(p, sp, a, t, t);
-  cp_async_commit();
+  const int rows = min(sp.rows, 2 * kTile), new_row = sp.last_row - sp.row0, tid = threadIdx.x;
+  if (tid < 32) {
+    if (tid < 2 && tid * kTile < rows) {
+      const int end = min(rows, (tid + 1) * kTile);
+      const int copies = end - tid * kTile - (new_row >= tid * kTile && new_row < end ? 1 : 0);
+      sm90::mbar_arrive_expect_tx(&sp.tile_bars[tid], uint32_t(copies) * kRow * 2);
+    }
+    // Phase 1's reads of this region (the qkv weights) before the copies' writes.
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    for (int r = tid; r < rows; r += 32)
+      if (r != new_row) bulk_load(a.k + r * kPitch, p.cache + sp.slot(r) * kRow, kRow * 2, &sp.tile_bars[r / kTile]);
+  } else {
+    const int zeros = ceil_div(rows, kTile) * kTile - rows;
+    for (int i = tid - 32; i < zeros * kRowChunks; i += kThreads - 32)
+      *reinterpret_cast<uint4*>(a.k + (rows + i / kRowChunks) * kPitch + i % kRowChunks * 8) = make_uint4(0, 0, 0, 0);
+  }
 }
 
 // Phase 3 for one split, all 16 heads. Unnormalized output and (max, sum) of
@@ -554,13 +604,17 @@ __device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s,
   float o[8][4] = {};
   const int tiles = ceil_div(rows, kTile);
   for (int t = 0; t < tiles; ++t) {
-    if (t >= 1 && t + 1 < tiles) {  // tiles 0 and 1 are in already
+    const bool next = t >= 1 && t + 1 < tiles;  // tiles 0 and 1 came with preload_split
+    if (next) {
       load_tile(p, sp, a, t + 1, (t + 1) % 2);
       cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
     }
+    if (t < 2)
+      sm90::mbar_wait(&sp.tile_bars[t], 0);
+    else if (next)
+      cp_async_wait<1>();
+    else
+      cp_async_wait<0>();
     if (t == new_tile && tid < kRow / 4) {
       const uint4 v = await4_one(box.latent + 4 * tid, tag);
       *reinterpret_cast<uint2*>(k_s + ((t % 2) * kTile + new_row % kTile) * kPitch + 4 * tid) =
@@ -800,14 +854,14 @@ __device__ void route_phase(const MlaDecodeChainParams& p, int e, const uint4 (&
 
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecodeChainParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
-  __shared__ __align__(8) uint64_t bars[4];
+  // The qkv, W_UV and o_proj weights in; the split's first two tiles in.
+  __shared__ __align__(8) uint64_t bars[5];
   __shared__ Misc misc;
   const int grid = gridDim.x, b = blockIdx.x, tid = threadIdx.x;
   CHAIN_TIMELINE_ENTER(misc);
   const Layout lay = layout_for(grid);
   const Scratch s = carve(p.scratch, grid, nullptr);
   auto* qkv_w = reinterpret_cast<__nv_bfloat16*>(smem);
-  auto* uk_w = reinterpret_cast<__nv_bfloat16*>(smem + lay.uk);
   auto* uv_w = reinterpret_cast<__nv_bfloat16*>(smem + lay.uv);
   auto* o_w = reinterpret_cast<__nv_bfloat16*>(smem + lay.o);
 
@@ -815,8 +869,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   const int qkv0 = min(kQkvRows, b * lay.qkv_rows), qkv_n = min(kQkvRows, qkv0 + lay.qkv_rows) - qkv0;
   const int uv0 = min(kAttnWidth, b * lay.uv_rows), uv_n = min(kAttnWidth, uv0 + lay.uv_rows) - uv0;
   const int o0 = min(kD, b * lay.o_rows), o_n = min(kD, o0 + lay.o_rows) - o0;
-  int uk_n = 0;
-  for (int u = b; u < kUkUnits; u += grid) ++uk_n;
+  const bool uk_block = b >= lay.uk_block0 && b < lay.uk_block0 + kUkBlocks;
 
   // Weights do not depend on earlier kernels: request all of them now.
   if (tid == 0) {
@@ -828,18 +881,15 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
     const uint32_t qkv_bytes = 2u * qkv_n * kD, uv_bytes = 2u * uv_n * kL, o_bytes = 2u * o_n * kAttnWidth;
     sm90::mbar_arrive_expect_tx(&bars[0], qkv_bytes);
     if (qkv_bytes) bulk_load(qkv_w, p.w_qkv + size_t(qkv0) * kD, qkv_bytes, &bars[0]);
-    sm90::mbar_arrive_expect_tx(&bars[1], 2u * uk_n * kDn * kUkCols);
-    sm90::mbar_arrive_expect_tx(&bars[2], uv_bytes);
-    if (uv_bytes) bulk_load(uv_w, p.w_uv + size_t(uv0) * kL, uv_bytes, &bars[2]);
-    sm90::mbar_arrive_expect_tx(&bars[3], o_bytes);
-    if (o_bytes) bulk_load(o_w, p.w_o + size_t(o0) * kAttnWidth, o_bytes, &bars[3]);
+    sm90::mbar_arrive_expect_tx(&bars[1], uv_bytes);
+    if (uv_bytes) bulk_load(uv_w, p.w_uv + size_t(uv0) * kL, uv_bytes, &bars[1]);
+    sm90::mbar_arrive_expect_tx(&bars[2], o_bytes);
+    if (o_bytes) bulk_load(o_w, p.w_o + size_t(o0) * kAttnWidth, o_bytes, &bars[2]);
   }
-  // W_UK units: 64 columns of each of a head's Dn rows, a bulk copy a row.
-  for (int i = 0, u = b; u < kUkUnits; ++i, u += grid)
-    for (int d = tid; d < kDn; d += kThreads) {
-      const int h = u / (kL / kUkCols), l0 = u % (kL / kUkCols) * kUkCols;
-      bulk_load(uk_w + (i * kDn + d) * kUkCols, p.w_uk + (size_t(h) * kDn + d) * kL + l0, 2 * kUkCols, &bars[1]);
-    }
+  UkWeights uk[kUkPerBlock];
+  if (uk_block)
+#pragma unroll
+    for (int i = 0; i < kUkPerBlock; ++i) uk[i] = load_uk(p, (b - lay.uk_block0) * kUkPerBlock + i);
 
   // The batch was uploaded before the step's first kernel.
   const Constants constants = load_constants(p, b == grid - 1);
@@ -868,6 +918,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   sp.rows = b < splits ? min(chunk, kv_len - sp.row0) : 0;
   __shared__ int first_slots[2 * kTile];
   sp.first_slots = first_slots;
+  sp.tile_bars = bars + 3;
   sp.all_slots = p.kv_slots;
 
   // 1. qkv rows.
@@ -899,11 +950,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   if (sp.rows > 0) preload_split(p, sp, smem);
 
   // 2. q_nope · W_UK and the q_pe rope; the latent write.
-  if (uk_n) sm90::mbar_wait(&bars[1], 0);
-  for (int i = 0, u = b; u < kUkUnits; ++i, u += grid) {
-    uk_unit(box, tag, u, uk_w + i * kDn * kUkCols, misc);
-    if (i == 0) CHAIN_STAMP(misc, Phase2Ready);
-  }
+  if (uk_block)
+#pragma unroll
+    for (int i = 0; i < kUkPerBlock; ++i) {
+      uk_unit(box, tag, (b - lay.uk_block0) * kUkPerBlock + i, uk[i], misc);
+      if (i == 0) CHAIN_STAMP(misc, Phase2Ready);
+    }
   if (b == grid - 1) latent_write(p, box, tag, misc);
   CHAIN_STAMP_ALL(misc, Phase2Done);
 
@@ -930,7 +982,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   }
 
   // 4. Merge and W_UV for this block's rows (one or two heads).
-  sm90::mbar_wait(&bars[2], 0);
+  sm90::mbar_wait(&bars[1], 0);
   for (int r = uv0; r < uv0 + uv_n;) {
     const int h = r / kDv, end = min(uv0 + uv_n, (h + 1) * kDv);
     merge_head(s, h, splits, misc);
@@ -967,7 +1019,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
     uint4 a[kAttnChunks];
 #pragma unroll
     for (int c = 0; c < kAttnChunks; ++c) a[c] = *reinterpret_cast<const uint4*>(misc.row + c * 256 + (tid % 32) * 8);
-    sm90::mbar_wait(&bars[3], 0);
+    sm90::mbar_wait(&bars[2], 0);
     CHAIN_STAMP(misc, Phase5Ready);
     rows_times_vector<kAttnWidth>(o_w, o_n, a, [&](int r, float acc) {
       const __nv_bfloat16 v = __float2bfloat16(acc);
@@ -1027,7 +1079,8 @@ bool mla_decode_chain_applies(const MlaDecodeChainShape& s, int sm_count) {
   cudaFuncAttributes attr{};
   if (cudaFuncGetAttributes(&attr, mla_decode_chain_kernel) != cudaSuccess) return false;
   // More than half of an SM's shared memory keeps it to one block per SM.
-  return layout_for(sm_count).total + attr.sharedSizeBytes <= size_t(max_smem);
+  const Layout l = layout_for(sm_count);
+  return l.uk_block0 + kUkBlocks <= sm_count && l.total + attr.sharedSizeBytes <= size_t(max_smem);
 }
 
 bool mla_decode_chain_routes(int num_experts, int sm_count) { return num_experts >= 1 && num_experts <= sm_count; }
