@@ -37,13 +37,32 @@ constexpr int kRowChunks = kRow / 8;
 
 constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// The first kEarlySplits blocks, which enter first, load their attention
+// split's first tile before the PDL wait: issued after phase 1, those copies
+// kept the split blocks ~1.3 us from phase 3, which waited for them
+// (perf.md, session 32). Their qkv weights start after the tile's stage and
+// they take 6 qkv rows fewer than the other blocks.
+constexpr int kEarlySplits = 24, kEarlySplitRowsFewer = 6;
+constexpr size_t kTileStageBytes = sizeof(__nv_bfloat16) * kTile * kPitch;
+
 // Byte offsets of the dynamic shared-memory regions of a block, its rows of
 // each phase, and where the W_UK units sit: kUkBlocks blocks from uk_block0,
 // after the attention splits (the first blocks) and before the last ones,
 // which enter last (perf.md, session 32).
 struct Layout {
-  int qkv_rows, uv_rows, o_rows, uk_block0;
+  int qkv_rows, split_qkv_rows, uv_rows, o_rows, uk_block0;
   size_t uv, o, total;
+  __host__ __device__ int qkv_first(int b) const {
+    const int r = b < kEarlySplits ? b * split_qkv_rows
+                                   : kEarlySplits * split_qkv_rows + (b - kEarlySplits) * qkv_rows;
+    return r < kQkvRows ? r : kQkvRows;
+  }
+  __host__ __device__ int qkv_count(int b) const {
+    const int end = qkv_first(b) + (b < kEarlySplits ? split_qkv_rows : qkv_rows);
+    return (end < kQkvRows ? end : kQkvRows) - qkv_first(b);
+  }
+  // Where block b's qkv weights start.
+  __host__ __device__ static size_t qkv_offset(int b) { return b < kEarlySplits ? kTileStageBytes : 0; }
 };
 
 constexpr size_t kAttnBytes = sizeof(__nv_bfloat16) * (kH * kPitch + 2 * kTile * kPitch + kH * kPPitch) +
@@ -51,12 +70,17 @@ constexpr size_t kAttnBytes = sizeof(__nv_bfloat16) * (kH * kPitch + 2 * kTile *
 
 __host__ __device__ inline Layout layout_for(int grid) {
   Layout l{};
-  l.qkv_rows = ceil_div(kQkvRows, grid);
+  const int even = ceil_div(kQkvRows, grid);
+  l.split_qkv_rows = even > kEarlySplitRowsFewer ? even - kEarlySplitRowsFewer : 0;
+  const int rest = kQkvRows - kEarlySplits * l.split_qkv_rows;
+  l.qkv_rows = grid > kEarlySplits && rest > 0 ? ceil_div(rest, grid - kEarlySplits) : 0;
   l.uk_block0 = grid / 4;
   l.uv_rows = ceil_div(kAttnWidth, grid);
   l.o_rows = ceil_div(kD, grid);
   const size_t a = sizeof(__nv_bfloat16) * size_t(l.qkv_rows) * kD;
-  l.uv = (a > kAttnBytes ? a : kAttnBytes);
+  const size_t split_a = kTileStageBytes + sizeof(__nv_bfloat16) * size_t(l.split_qkv_rows) * kD;
+  l.uv = a > split_a ? a : split_a;
+  if (kAttnBytes > l.uv) l.uv = kAttnBytes;
   l.o = l.uv + sizeof(__nv_bfloat16) * size_t(l.uv_rows) * kL;
   l.total = l.o + sizeof(__nv_bfloat16) * size_t(l.o_rows) * kAttnWidth;
   return l;
@@ -512,7 +536,7 @@ __device__ void uk_unit(const Mailbox& box, uint32_t tag, int unit, const UkWeig
 // at kv_begin; the last context row (the new token's, written in phase 2).
 struct Split {
   int kv_begin, last_row, row0, rows;
-  uint64_t* tile_bars;       // the first two tiles in (preload_split)
+  uint64_t* tile_bar;        // the first tile in (preload_first_tile)
   const int* first_slots;    // shared copy of the first two tiles' slots (read during phase 1)
   const int32_t* all_slots;  // the batch's kv_slots
   __device__ int64_t slot(int row) const {
@@ -520,14 +544,15 @@ struct Split {
   }
 };
 
-// Phase 3's shared memory, in the qkv weights' region once phase 1 is done.
+// Phase 3's shared memory, in the qkv weights' region once phase 1 is done,
+// but for the first tile's stage on the early split blocks (Layout).
 struct AttnSmem {
-  __nv_bfloat16 *q, *k, *p;  // q{kH, kPitch}, k{2 stages, kTile, kPitch}, p{kH, kPPitch}
+  __nv_bfloat16 *k, *q, *p;  // k{2 stages, kTile, kPitch}, q{kH, kPitch}, p{kH, kPPitch}
   float *score, *exchange;   // {kH, kTile}, {4, 32, 4}
   __device__ explicit AttnSmem(uint8_t* smem) {
-    q = reinterpret_cast<__nv_bfloat16*>(smem);
-    k = q + kH * kPitch;
-    p = k + 2 * kTile * kPitch;
+    k = reinterpret_cast<__nv_bfloat16*>(smem);
+    q = k + 2 * kTile * kPitch;
+    p = q + kH * kPitch;
     score = reinterpret_cast<float*>(p + kH * kPPitch);
     exchange = score + kH * kTile;
   }
@@ -545,27 +570,24 @@ __device__ void load_tile(const MlaDecodeChainParams& p, const Split& sp, const 
   }
 }
 
-// While phases 1-2 finish elsewhere: the split's first two tiles, a bulk
-// copy a row from warp 0's lanes, all but the new token's row; the other
-// warps zero the rows past the split's end. By cp.async (16 bytes a thread)
-// the split blocks took ~1 us to issue them, and the attention waited for
-// that (perf.md, session 32).
-__device__ void preload_split(const MlaDecodeChainParams& p, const Split& sp, uint8_t* smem) {
+// The split's first tile into stage 0, a bulk copy a row from warp 0's
+// lanes, all but the new token's row; the other warps zero the rows past the
+// split's end. early: before the PDL wait (the rows' slots from the batch,
+// which was uploaded before the step's first kernel), else after phase 1,
+// whose reads of the region the copies then follow.
+__device__ void preload_first_tile(const MlaDecodeChainParams& p, const Split& sp, uint8_t* smem, bool early) {
   const AttnSmem a(smem);
-  const int rows = min(sp.rows, 2 * kTile), new_row = sp.last_row - sp.row0, tid = threadIdx.x;
+  const int rows = min(sp.rows, kTile), new_row = sp.last_row - sp.row0, tid = threadIdx.x;
   if (tid < 32) {
-    if (tid < 2 && tid * kTile < rows) {
-      const int end = min(rows, (tid + 1) * kTile);
-      const int copies = end - tid * kTile - (new_row >= tid * kTile && new_row < end ? 1 : 0);
-      sm90::mbar_arrive_expect_tx(&sp.tile_bars[tid], uint32_t(copies) * kRow * 2);
+    const bool has_new = new_row >= 0 && new_row < rows;
+    if (tid == 0) sm90::mbar_arrive_expect_tx(sp.tile_bar, uint32_t(rows - (has_new ? 1 : 0)) * kRow * 2);
+    if (!early) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    if (tid < rows && tid != new_row) {
+      const int64_t slot = early ? p.kv_slots[sp.kv_begin + sp.row0 + tid] : sp.slot(tid);
+      bulk_load(a.k + tid * kPitch, p.cache + slot * kRow, kRow * 2, sp.tile_bar);
     }
-    // Phase 1's reads of this region (the qkv weights) before the copies' writes.
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    for (int r = tid; r < rows; r += 32)
-      if (r != new_row) bulk_load(a.k + r * kPitch, p.cache + sp.slot(r) * kRow, kRow * 2, &sp.tile_bars[r / kTile]);
   } else {
-    const int zeros = ceil_div(rows, kTile) * kTile - rows;
-    for (int i = tid - 32; i < zeros * kRowChunks; i += kThreads - 32)
+    for (int i = tid - 32; i < (kTile - rows) * kRowChunks; i += kThreads - 32)
       *reinterpret_cast<uint4*>(a.k + (rows + i / kRowChunks) * kPitch + i % kRowChunks * 8) = make_uint4(0, 0, 0, 0);
   }
 }
@@ -604,13 +626,13 @@ __device__ void attention_split(const MlaDecodeChainParams& p, const Scratch& s,
   float o[8][4] = {};
   const int tiles = ceil_div(rows, kTile);
   for (int t = 0; t < tiles; ++t) {
-    const bool next = t >= 1 && t + 1 < tiles;  // tiles 0 and 1 came with preload_split
+    const bool next = t + 1 < tiles;  // tile 0 came with preload_first_tile
     if (next) {
       load_tile(p, sp, a, t + 1, (t + 1) % 2);
       cp_async_commit();
     }
-    if (t < 2)
-      sm90::mbar_wait(&sp.tile_bars[t], 0);
+    if (t == 0)
+      sm90::mbar_wait(sp.tile_bar, 0);
     else if (next)
       cp_async_wait<1>();
     else
@@ -854,19 +876,19 @@ __device__ void route_phase(const MlaDecodeChainParams& p, int e, const uint4 (&
 
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecodeChainParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
-  // The qkv, W_UV and o_proj weights in; the split's first two tiles in.
-  __shared__ __align__(8) uint64_t bars[5];
+  // The qkv, W_UV and o_proj weights in; the split's first tile in.
+  __shared__ __align__(8) uint64_t bars[4];
   __shared__ Misc misc;
   const int grid = gridDim.x, b = blockIdx.x, tid = threadIdx.x;
   CHAIN_TIMELINE_ENTER(misc);
   const Layout lay = layout_for(grid);
   const Scratch s = carve(p.scratch, grid, nullptr);
-  auto* qkv_w = reinterpret_cast<__nv_bfloat16*>(smem);
+  auto* qkv_w = reinterpret_cast<__nv_bfloat16*>(smem + Layout::qkv_offset(b));
   auto* uv_w = reinterpret_cast<__nv_bfloat16*>(smem + lay.uv);
   auto* o_w = reinterpret_cast<__nv_bfloat16*>(smem + lay.o);
 
   // Each phase's rows of this block.
-  const int qkv0 = min(kQkvRows, b * lay.qkv_rows), qkv_n = min(kQkvRows, qkv0 + lay.qkv_rows) - qkv0;
+  const int qkv0 = lay.qkv_first(b), qkv_n = lay.qkv_count(b);
   const int uv0 = min(kAttnWidth, b * lay.uv_rows), uv_n = min(kAttnWidth, uv0 + lay.uv_rows) - uv0;
   const int o0 = min(kD, b * lay.o_rows), o_n = min(kD, o0 + lay.o_rows) - o0;
   const bool uk_block = b >= lay.uk_block0 && b < lay.uk_block0 + kUkBlocks;
@@ -900,14 +922,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
     norm_w = *reinterpret_cast<const uint4*>(p.moe_norm + tid * 8);
   }
 
-  pdl_wait();  // h comes from the previous kernel
-  // Every thread reads the count: the tags of its posts and polls.
-  const Mailbox box = mailbox_of(p.sync, nullptr);
-  const unsigned long long count = load_relaxed(box.count), launch = count / unsigned(grid);
-  const uint32_t tag = uint32_t(launch % 65535) + 1;
-  CHAIN_TIMELINE_BASE(misc, launch);
-  CHAIN_STAMP(misc, WaitReturned);
-
   Split sp;
   sp.kv_begin = constants.kv_begin;
   const int kv_len = constants.kv_end - sp.kv_begin;
@@ -918,8 +932,18 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   sp.rows = b < splits ? min(chunk, kv_len - sp.row0) : 0;
   __shared__ int first_slots[2 * kTile];
   sp.first_slots = first_slots;
-  sp.tile_bars = bars + 3;
+  sp.tile_bar = bars + 3;
   sp.all_slots = p.kv_slots;
+  if (sp.rows > 0 && b < kEarlySplits) preload_first_tile(p, sp, smem, true);
+
+  pdl_wait();  // h comes from the previous kernel
+  // Every thread reads the count: the tags of its posts and polls.
+  const Mailbox box = mailbox_of(p.sync, nullptr);
+  const unsigned long long count = load_relaxed(box.count), launch = count / unsigned(grid);
+  const uint32_t tag = uint32_t(launch % 65535) + 1;
+  CHAIN_TIMELINE_BASE(misc, launch);
+  CHAIN_STAMP(misc, WaitReturned);
+
 
   // 1. qkv rows.
   Bf16x8 input_residual;  // in_residual + x, this thread's 8 values (norm head)
@@ -947,7 +971,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
     const int r = 2 * kTile + i / (kRow * 2 / 128), line = i % (kRow * 2 / 128);
     prefetch_l2(reinterpret_cast<const uint8_t*>(p.cache + sp.slot(r) * kRow) + line * 128);
   }
-  if (sp.rows > 0) preload_split(p, sp, smem);
+  if (sp.rows > 0 && b >= kEarlySplits) preload_first_tile(p, sp, smem, false);
 
   // 2. q_nope · W_UK and the q_pe rope; the latent write.
   if (uk_block)
@@ -1080,7 +1104,8 @@ bool mla_decode_chain_applies(const MlaDecodeChainShape& s, int sm_count) {
   if (cudaFuncGetAttributes(&attr, mla_decode_chain_kernel) != cudaSuccess) return false;
   // More than half of an SM's shared memory keeps it to one block per SM.
   const Layout l = layout_for(sm_count);
-  return l.uk_block0 + kUkBlocks <= sm_count && l.total + attr.sharedSizeBytes <= size_t(max_smem);
+  return sm_count > kEarlySplits && l.uk_block0 + kUkBlocks <= sm_count &&
+         l.total + attr.sharedSizeBytes <= size_t(max_smem);
 }
 
 bool mla_decode_chain_routes(int num_experts, int sm_count) { return num_experts >= 1 && num_experts <= sm_count; }
