@@ -22,7 +22,7 @@ constexpr int kQkvRows = kH * (kDn + kR) + kL + kR;   // fused q / kv_a outputs
 constexpr int kKvCol = kH * (kDn + kR);               // kv_a's first column in qkv
 constexpr int kUkCols = 64;                           // W_UK output columns of one unit
 constexpr int kUkUnits = kH * (kL / kUkCols);
-constexpr int kUkPerBlock = 2, kUkBlocks = kUkUnits / kUkPerBlock;
+constexpr int kMaxUkPerBlock = 2;
 constexpr int kAttnWidth = kH * kDv;                  // W_UV rows, o_proj's K
 constexpr int kThreads = 256, kWarps = kThreads / 32;
 constexpr int kChunks = kD / 256;                     // 16-byte chunks a lane holds of h
@@ -46,11 +46,12 @@ constexpr int kEarlySplits = 24, kEarlySplitRowsFewer = 6;
 constexpr size_t kTileStageBytes = sizeof(__nv_bfloat16) * kTile * kPitch;
 
 // Byte offsets of the dynamic shared-memory regions of a block, its rows of
-// each phase, and where the W_UK units sit: kUkBlocks blocks from uk_block0,
-// after the attention splits (the first blocks) and before the last ones,
-// which enter last (perf.md, session 32).
+// each phase, and where the W_UK units sit: uk_per_block a block on the
+// blocks from uk_block0 up to the last, which writes the latent row (one a
+// block where the grid allows: on 132 SMs two a block on 64 blocks took
+// 0.5 us longer, perf.md session 32).
 struct Layout {
-  int qkv_rows, split_qkv_rows, uv_rows, o_rows, uk_block0;
+  int qkv_rows, split_qkv_rows, uv_rows, o_rows, uk_per_block, uk_block0;
   size_t uv, o, total;
   __host__ __device__ int qkv_first(int b) const {
     const int r = b < kEarlySplits ? b * split_qkv_rows
@@ -74,7 +75,8 @@ __host__ __device__ inline Layout layout_for(int grid) {
   l.split_qkv_rows = even > kEarlySplitRowsFewer ? even - kEarlySplitRowsFewer : 0;
   const int rest = kQkvRows - kEarlySplits * l.split_qkv_rows;
   l.qkv_rows = grid > kEarlySplits && rest > 0 ? ceil_div(rest, grid - kEarlySplits) : 0;
-  l.uk_block0 = grid / 4;
+  l.uk_per_block = grid > kUkUnits ? 1 : kMaxUkPerBlock;
+  l.uk_block0 = grid - 1 - ceil_div(kUkUnits, l.uk_per_block);
   l.uv_rows = ceil_div(kAttnWidth, grid);
   l.o_rows = ceil_div(kD, grid);
   const size_t a = sizeof(__nv_bfloat16) * size_t(l.qkv_rows) * kD;
@@ -891,7 +893,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   const int qkv0 = lay.qkv_first(b), qkv_n = lay.qkv_count(b);
   const int uv0 = min(kAttnWidth, b * lay.uv_rows), uv_n = min(kAttnWidth, uv0 + lay.uv_rows) - uv0;
   const int o0 = min(kD, b * lay.o_rows), o_n = min(kD, o0 + lay.o_rows) - o0;
-  const bool uk_block = b >= lay.uk_block0 && b < lay.uk_block0 + kUkBlocks;
+  const int uk_n = b >= lay.uk_block0 && b < grid - 1 ? min(lay.uk_per_block, kUkUnits - (b - lay.uk_block0) * lay.uk_per_block) : 0;
 
   // Weights do not depend on earlier kernels: request all of them now.
   if (tid == 0) {
@@ -908,10 +910,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
     sm90::mbar_arrive_expect_tx(&bars[2], o_bytes);
     if (o_bytes) bulk_load(o_w, p.w_o + size_t(o0) * kAttnWidth, o_bytes, &bars[2]);
   }
-  UkWeights uk[kUkPerBlock];
-  if (uk_block)
+  UkWeights uk[kMaxUkPerBlock];
 #pragma unroll
-    for (int i = 0; i < kUkPerBlock; ++i) uk[i] = load_uk(p, (b - lay.uk_block0) * kUkPerBlock + i);
+  for (int i = 0; i < kMaxUkPerBlock; ++i)
+    if (i < uk_n) uk[i] = load_uk(p, (b - lay.uk_block0) * lay.uk_per_block + i);
 
   // The batch was uploaded before the step's first kernel.
   const Constants constants = load_constants(p, b == grid - 1);
@@ -974,10 +976,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   if (sp.rows > 0 && b >= kEarlySplits) preload_first_tile(p, sp, smem, false);
 
   // 2. q_nope · W_UK and the q_pe rope; the latent write.
-  if (uk_block)
 #pragma unroll
-    for (int i = 0; i < kUkPerBlock; ++i) {
-      uk_unit(box, tag, (b - lay.uk_block0) * kUkPerBlock + i, uk[i], misc);
+  for (int i = 0; i < kMaxUkPerBlock; ++i)
+    if (i < uk_n) {
+      uk_unit(box, tag, (b - lay.uk_block0) * lay.uk_per_block + i, uk[i], misc);
       if (i == 0) CHAIN_STAMP(misc, Phase2Ready);
     }
   if (b == grid - 1) latent_write(p, box, tag, misc);
@@ -1104,7 +1106,7 @@ bool mla_decode_chain_applies(const MlaDecodeChainShape& s, int sm_count) {
   if (cudaFuncGetAttributes(&attr, mla_decode_chain_kernel) != cudaSuccess) return false;
   // More than half of an SM's shared memory keeps it to one block per SM.
   const Layout l = layout_for(sm_count);
-  return sm_count > kEarlySplits && l.uk_block0 + kUkBlocks <= sm_count &&
+  return sm_count > kEarlySplits && l.uk_block0 >= 0 &&
          l.total + attr.sharedSizeBytes <= size_t(max_smem);
 }
 

@@ -6,20 +6,23 @@
 // latent write, q_nope·W_UK, split attention, merge, ·W_UV, o_proj) read
 // 27 MB at V2-Lite widths but took ~28 us a layer on the H200, ~3 us per
 // kernel boundary (docs/perf.md, session 5). Here one block per SM loads its
-// slice of every phase's weights into shared memory with bulk copies before
-// waiting for the previous kernel (208 KB a block, the whole 27 MB on 132
-// SMs), and the phases hand their results on through tagged mailboxes (a
-// reader polls the values it needs) instead of kernel boundaries:
+// slice of every phase's weights before waiting for the previous kernel
+// (into shared memory with bulk copies, ~192 KB a block, the whole 27 MB on
+// 132 SMs; the W_UK units into registers), and the phases hand their
+// results on through tagged mailboxes (a reader polls the values it needs)
+// instead of kernel boundaries:
 //   1. qkv[r] = h · w_qkv[r] for the block's rows r (with a norm head, every
 //      warp first forms h from the residual stream and the previous block's
 //      output, so the chain waits on the MoE directly, not on a norm kernel);
 //   2. q_cat[h, l] = q_nope[h] · W_UK[h][:, l] for the block's (head,
-//      64-column) unit, which also ropes the head's q_pe into q_cat; the
-//      last block writes the latent row (kv_a norm, k_pe rope) to the cache;
+//      64-column) unit (one a block on all but the first and the last
+//      blocks), which also ropes the head's q_pe into q_cat; the last block
+//      writes the latent row (kv_a norm, k_pe rope) to the cache;
 //   3. split attention over the context (16 heads on tensor cores; splits of
-//      multiples of 32 rows on the first blocks, as many as fill the grid),
-//      partial results out; the split holding the new token's row takes it
-//      from the latent writer's mailbox;
+//      multiples of 32 rows on the first blocks, as many as fill the grid,
+//      the first 24 loading their first tile before the wait), partial
+//      results out; the split holding the new token's row takes it from the
+//      latent writer's mailbox;
 //   4. after the one grid barrier, each block merges the partials of its
 //      heads and applies W_UV to its rows;
 //   5. out[n] = attn · w_o[n] for the block's rows;
