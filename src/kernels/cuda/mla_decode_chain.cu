@@ -946,7 +946,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   CHAIN_TIMELINE_BASE(misc, launch);
   CHAIN_STAMP(misc, WaitReturned);
 
-
   // 1. qkv rows.
   Bf16x8 input_residual;  // in_residual + x, this thread's 8 values (norm head)
   int first_slot;
