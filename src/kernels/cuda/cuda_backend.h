@@ -159,7 +159,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<MoeSelectWorkspace> moe_select_ws_;
   bool fp8_weights_ = true;
   bool mla_chain_ = true;
-  DeviceBuffer mla_chain_sync_;  // the chain kernel's barrier counter and mailboxes (zeroed once)
+  DeviceBuffer mla_chain_sync_;  // the chain kernel's two arrival counters and mailboxes (zeroed once)
   std::unordered_map<const void*, Tensor> bf16_copies_;
   struct HostSlot;
   std::vector<std::shared_ptr<HostSlot>> host_slots_;  // to_host_later's

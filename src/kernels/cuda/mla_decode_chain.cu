@@ -893,7 +893,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   const int qkv0 = lay.qkv_first(b), qkv_n = lay.qkv_count(b);
   const int uv0 = min(kAttnWidth, b * lay.uv_rows), uv_n = min(kAttnWidth, uv0 + lay.uv_rows) - uv0;
   const int o0 = min(kD, b * lay.o_rows), o_n = min(kD, o0 + lay.o_rows) - o0;
-  const int uk_n = b >= lay.uk_block0 && b < grid - 1 ? min(lay.uk_per_block, kUkUnits - (b - lay.uk_block0) * lay.uk_per_block) : 0;
+  const int uk_n =
+      b >= lay.uk_block0 && b < grid - 1 ? min(lay.uk_per_block, kUkUnits - (b - lay.uk_block0) * lay.uk_per_block) : 0;
 
   // Weights do not depend on earlier kernels: request all of them now.
   if (tid == 0) {
