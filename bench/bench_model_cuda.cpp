@@ -373,6 +373,9 @@ class OpTimingBackend final : public Backend {
   void mla_prepare(const MlaPrepare& p, const Tensor& pos, const Tensor& slots, const Tensor& f, float s) override {
     timed("mla_prepare", [&] { in_.mla_prepare(p, pos, slots, f, s); });
   }
+  Tensor mla_chain_router_fold(const Weight& r, const Tensor& n, const Weight& o) override {
+    return in_.mla_chain_router_fold(r, n, o);
+  }
   bool mla_decode_chain(const MlaDecodeChain& c, const DeviceBatch& b, Tensor o) override {
     if (skip_.count("mla_decode_chain")) return true;
     return timed("mla_decode_chain", [&] { return in_.mla_decode_chain(c, b, o); });
@@ -395,8 +398,8 @@ class OpTimingBackend final : public Backend {
     timed("moe_experts", [&] { in_.moe_experts(x, e, i, w, o); });
   }
   void moe_route_experts(const Tensor& x, const ExpertWeights& e, const Tensor& l, const Tensor& b,
-                         const RouterParams& p, Tensor i, Tensor w, Tensor o) override {
-    timed("moe_route_experts", [&] { in_.moe_route_experts(x, e, l, b, p, i, w, o); });
+                         const RouterParams& p, Tensor i, Tensor w, Tensor o, const PendingNorm* n) override {
+    timed("moe_route_experts", [&] { in_.moe_route_experts(x, e, l, b, p, i, w, o, n); });
   }
   void argmax_rows(const Tensor& logits, Tensor ids) override {
     timed("argmax_rows", [&] { in_.argmax_rows(logits, ids); });

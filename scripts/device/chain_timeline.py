@@ -22,9 +22,9 @@ EVENTS = ['blocks enter', 'PDL wait returns', 'phase 1: h normed, weights in', '
           'phase 2: first q rows in', 'phase 2 (W_UK) done', 'attention: q_cat in', 'attention: first tile in',
           'attention: first scores', 'attention: first P·V', 'attention splits done', 'grid barrier',
           'phase 4: first head merged', 'phase 4 (merge, W_UV) done', 'phase 5: attn in', 'phase 5: weights in',
-          'phase 5 (o_proj) done', 'route: out in', 'route: residual normed', 'route: logit written', 'exit']
+          'phase 5 (o_proj) done', 'tail: sums and logit written', 'exit']
 LAUNCHES, BLOCKS = 512, 256
-ENTER, WAIT, PHASE1, ROUTE_OUT = 0, 1, 3, 17
+ENTER, WAIT, PHASE1, TAIL = 0, 1, 3, 17
 # Spans within one block (from event, to event): the blocks' median for each launch, then over launches.
 BLOCK_SPANS = [(WAIT, 2), (2, PHASE1), (4, 5), (11, 12), (14, 15), (15, 16)]
 
@@ -54,7 +54,7 @@ def main(path):
     by_entry = {}
     block_spans = {s: [] for s in BLOCK_SPANS}
     for (t0, launch, grid), (t1, nxt, _) in zip(launches, launches[1:]):
-        if not any(row(launch, ROUTE_OUT)) or t1 - t0 > 200_000:
+        if not any(row(launch, TAIL)) or t1 - t0 > 200_000:
             continue  # a dense layer, or the last launch of a run
         for e in range(len(EVENTS)):
             passed = [t for t in row(launch, e)[:grid] if t >= t0]

@@ -1,7 +1,17 @@
 #include "kernels/backend.h"
+
+#include "core/error.h"
 #include "kernels/cuda/cuda_graph_runner.h"
 
 namespace mlaserve {
+
+void Backend::moe_route_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& logits,
+                                const Tensor& bias, const RouterParams& p, Tensor topk_ids, Tensor topk_weights,
+                                Tensor out, const PendingNorm* pending) {
+  MLA_CHECK(!pending, "moe_route_experts: the {} backend leaves no norm pending", name());
+  moe_route(logits, bias, p, topk_ids, topk_weights);
+  moe_experts(x, experts, topk_ids, topk_weights, out);
+}
 
 void Backend::rms_norm_linears(const Tensor& x, const Tensor& norm_w, float eps, Tensor residual,
                                const std::vector<LinearTarget>& targets) {

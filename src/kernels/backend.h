@@ -125,6 +125,16 @@ struct MlaPrepare {
   float eps = 1e-6f;
 };
 
+// One token's post-attention norm that the decode chain leaves to the MoE
+// op after it (MlaChainMoeTail::pending): normed = rmsnorm(residual) *
+// weight, with mean(residual²) = sum(parts) / D, the parts summed in index
+// order. So the chain need not gather its whole output in every block.
+struct PendingNorm {
+  Tensor residual, weight;  // {1, D}, {D}
+  float eps = 1e-6f;
+  Tensor parts;             // {n} F32
+};
+
 // What may follow the chain in the same op at a MoE layer: the
 // post-attention norm with the residual add (rms_norm's semantics: residual
 // += the chain's output in place, normed = rmsnorm(residual) * norm_weight)
@@ -136,6 +146,11 @@ struct MlaChainMoeTail {
   Tensor residual, normed;  // {T, D}
   const Weight* router = nullptr;  // {E, D}
   Tensor logits;                   // {T, E} F32
+  Tensor router_fold;              // Backend::mla_chain_router_fold's, where the backend has one
+  // Where set, the backend may leave the norm pending: it then fills
+  // *pending, normed is not written, and logits hold the router's logits
+  // times rms(residual); moe_route_experts, given pending, completes it.
+  PendingNorm* pending = nullptr;
 };
 
 // A pre-norm with the residual add, formed by the op that reads h
@@ -296,6 +311,15 @@ class Backend {
   virtual bool mla_decode_chain(const MlaDecodeChain& /*chain*/, const DeviceBatch& /*batch*/, Tensor /*out*/) {
     return false;
   }
+  // What a backend's chain with a moe_tail needs besides the layer's weights,
+  // made once at load: router · diag(norm_weight) · o_proj {E, H Dv} F32
+  // where the chain forms the router logits from the attention output (the
+  // logits then skip the roundings of out, the residual and the normed row);
+  // undefined where the backend's chain does not take one (the default).
+  virtual Tensor mla_chain_router_fold(const Weight& /*router*/, const Tensor& /*norm_weight*/,
+                                       const Weight& /*o_proj*/) {
+    return {};
+  }
   // Non-absorbed MLA (prefill/extend): q{T, H, Dn + R}; kv{Lk, H, Dn + Dv} is
   // kv_b_proj's output [k_nope | v] per head and k_pe{Lk, R} the roped key,
   // both for the batch's kv tokens in kv_slots order (Lk = total kv tokens);
@@ -332,12 +356,11 @@ class Backend {
   // experts, topk_ids, topk_weights, out): the MoE of logits formed earlier
   // (the decode chain's tail). This default runs exactly those two ops (the
   // CPU reference); CUDA routes a decode token inside the expert kernels.
+  // With pending (the chain's), x and logits are first completed from it (x
+  // may instead be formed inside the kernels and left unwritten).
   virtual void moe_route_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& logits,
                                  const Tensor& bias, const RouterParams& p, Tensor topk_ids, Tensor topk_weights,
-                                 Tensor out) {
-    moe_route(logits, bias, p, topk_ids, topk_weights);
-    moe_experts(x, experts, topk_ids, topk_weights, out);
-  }
+                                 Tensor out, const PendingNorm* pending = nullptr);
 
   // ids{R} I32 = argmax of each row of logits{R, V} F32, the lowest index on
   // ties (the host sampler's greedy rule): greedy steps copy only the ids.

@@ -63,7 +63,8 @@ void DeepseekModel::run_block(const DecoderLayerWeights& w, const DeviceBatch& b
   Tensor mlp_out = backend_.alloc(x.shape(), act);
   if (w.moe) {
     // The norm and the router may run inside the attention op (one kernel at
-    // decode batch 1 on CUDA); normed is then the MoE's input.
+    // decode batch 1 on CUDA); normed is then the MoE's input, or the norm
+    // is left pending for the MoE to complete.
     const MoeWeights& moe = *w.moe;
     const int64_t k = moe.routing.top_k;
     MlaChainMoeTail tail;
@@ -72,13 +73,16 @@ void DeepseekModel::run_block(const DecoderLayerWeights& w, const DeviceBatch& b
     tail.residual = residual;
     tail.normed = normed;
     tail.router = &moe.router;
+    tail.router_fold = moe.chain_router_fold;
+    PendingNorm pending;
+    tail.pending = &pending;
     tail.logits = backend_.alloc({x.dim(0), moe.router.out_features()}, DType::F32);
     Tensor topk_ids = backend_.alloc({x.dim(0), k}, DType::I32);
     Tensor topk_weights = backend_.alloc({x.dim(0), k}, DType::F32);
     // Routed and shared experts in one call.
     if (mla_attention(backend_, mla_, w.attn, normed, batch, plan, cache, attn_out, &tail, &input_norm)) {
       backend_.moe_route_experts(normed, moe.experts, tail.logits, moe.score_correction_bias, moe.routing, topk_ids,
-                                 topk_weights, mlp_out);
+                                 topk_weights, mlp_out, pending.parts.defined() ? &pending : nullptr);
     } else {
       backend_.rms_norm(attn_out, w.post_attention_layernorm, eps, normed, residual);
       backend_.moe_select(normed, moe.router, moe.score_correction_bias, moe.routing, topk_ids,

@@ -224,6 +224,11 @@ DecoderLayerWeights load_decoder_layer(const Checkpoint& ckpt, Backend& backend,
   MoeWeights moe;
   moe.routing = routing_params(c);
   moe.router = load_linear(ckpt, backend, p + "mlp.gate");
+  try {
+    moe.chain_router_fold = backend.mla_chain_router_fold(moe.router, w.post_attention_layernorm, w.attn.o_proj);
+  } catch (const Error& e) {
+    fail("{}mlp.gate through self_attn.o_proj: {}", p, e.what());
+  }
   if (moe.routing.method == TopkMethod::NoauxTc)
     moe.score_correction_bias =
         load_param(ckpt, backend, p + "mlp.gate.e_score_correction_bias", {int64_t(c.n_routed_experts)});

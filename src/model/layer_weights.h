@@ -46,6 +46,7 @@ struct MlpWeights {
 
 struct MoeWeights {
   Weight router;                                 // gate.weight {E, D}
+  Tensor chain_router_fold;                      // Backend::mla_chain_router_fold's (or undefined)
   Tensor score_correction_bias;                  // noaux_tc only, else undefined
   ExpertWeights experts;                         // routed and shared experts (moe_experts sums both)
   RouterParams routing;

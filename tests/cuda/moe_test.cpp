@@ -465,5 +465,87 @@ TEST(BackendRouteExperts, RoutingInsideTheKernelsEqualsRouteThenExperts) {
   EXPECT_THROW(cuda.moe_route_experts(x, cuda_experts, narrow, Tensor(), v2_lite, ids, w, out), Error);
 }
 
+// A post-attention norm the decode chain left pending (PendingNorm: the
+// residual row, the parts of its sum of squares, logits times its rms):
+// moe_route_experts given it (the small path's kernels form x and scale the
+// logits themselves; past 64 experts it completes the norm first) gives what
+// finish_pending_norm followed by moe_route_experts gives, bit for bit; and
+// finish_pending_norm gives the f64 norm of the row and the scaled logits.
+TEST(BackendRouteExperts, APendingNormEqualsTheNormFinishedFirst) {
+  MLA_SKIP_WITHOUT_GPU();
+  const int64_t D = 256, I = 128, S = 2;
+  std::mt19937 rng(79);
+  CudaBackend cuda;
+  RouterParams v2_lite;  // softmax, greedy top 6
+  v2_lite.top_k = 6;
+  RouterParams noaux;  // V3's method on 64 experts: sigmoid scores depend on the scale
+  noaux.method = TopkMethod::NoauxTc;
+  noaux.scoring = ScoringFunc::Sigmoid;
+  noaux.top_k = 8;
+  noaux.n_group = 8;
+  noaux.topk_group = 4;
+  noaux.renormalize = true;
+  noaux.scaling = 2.5f;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int64_t E : {64, 96})
+    for (const RouterParams& rp : {v2_lite, noaux}) {
+      SCOPED_TRACE(::testing::Message() << E << " experts, method " << int(rp.method));
+      const HostExperts host(E, I, D, S, rng);
+      const ExpertWeights experts = host.load(cuda);
+      const int64_t K = rp.top_k, parts_n = 7;
+      std::vector<uint16_t> row = random_bf16(size_t(D), rng, 3.0f), weight = random_bf16(size_t(D), rng, 1.0f);
+      const std::vector<float> row_f = to_float(row), weight_f = to_float(weight);
+      // The parts: sums of squares of uneven pieces of the row, as the chain's blocks form them.
+      std::vector<float> parts(static_cast<size_t>(parts_n), 0.0f);
+      double ss = 0.0;
+      for (int64_t i = 0; i < D; ++i) {
+        parts[size_t(i * i % parts_n)] += row_f[size_t(i)] * row_f[size_t(i)];
+        ss += double(row_f[size_t(i)]) * row_f[size_t(i)];
+      }
+      const double rms = std::sqrt(ss / double(D) + 1e-6);
+      std::vector<float> logits(static_cast<size_t>(E)), bias(static_cast<size_t>(E));
+      for (auto& v : logits) v = float(rms) * nd(rng);
+      for (auto& v : bias) v = 0.1f * nd(rng);
+      const bool biased = rp.method == TopkMethod::NoauxTc;
+      Tensor dbias = biased ? cuda.load_tensor(Tensor::wrap(bias.data(), {E}, DType::F32, Device::CPU)) : Tensor();
+      PendingNorm pending{cuda.load_tensor(Tensor::wrap(row.data(), {1, D}, DType::BF16, Device::CPU)),
+                          cuda.load_tensor(Tensor::wrap(weight.data(), {D}, DType::BF16, Device::CPU)), 1e-6f,
+                          cuda.load_tensor(Tensor::wrap(parts.data(), {parts_n}, DType::F32, Device::CPU))};
+      auto logits_on_gpu = [&] {
+        return cuda.load_tensor(Tensor::wrap(logits.data(), {1, E}, DType::F32, Device::CPU));
+      };
+
+      Tensor x_a = cuda.alloc({1, D}, DType::BF16), logits_a = logits_on_gpu();
+      Tensor ids_a = cuda.alloc({1, K}, DType::I32), w_a = cuda.alloc({1, K}, DType::F32);
+      Tensor out_a = cuda.alloc({1, D}, DType::BF16);
+      cuda.moe_route_experts(x_a, experts, logits_a, dbias, rp, ids_a, w_a, out_a, &pending);
+      Tensor x_b = cuda.alloc({1, D}, DType::BF16), logits_b = logits_on_gpu();
+      Tensor ids_b = cuda.alloc({1, K}, DType::I32), w_b = cuda.alloc({1, K}, DType::F32);
+      Tensor out_b = cuda.alloc({1, D}, DType::BF16);
+      cuda.finish_pending_norm(pending, x_b, logits_b);
+      cuda.moe_route_experts(x_b, experts, logits_b, dbias, rp, ids_b, w_b, out_b);
+
+      const Tensor ia = cuda.to_host(ids_a), ib = cuda.to_host(ids_b), wa = cuda.to_host(w_a), wb = cuda.to_host(w_b);
+      const Tensor ha = cuda.to_host(out_a), hb = cuda.to_host(out_b);
+      EXPECT_EQ(std::vector<int32_t>(ia.data<int32_t>(), ia.data<int32_t>() + K),
+                std::vector<int32_t>(ib.data<int32_t>(), ib.data<int32_t>() + K));
+      EXPECT_EQ(std::vector<float>(wa.data<float>(), wa.data<float>() + K),
+                std::vector<float>(wb.data<float>(), wb.data<float>() + K));
+      EXPECT_EQ(std::vector<uint16_t>(ha.data<uint16_t>(), ha.data<uint16_t>() + D),
+                std::vector<uint16_t>(hb.data<uint16_t>(), hb.data<uint16_t>() + D));
+
+      const Tensor normed = cuda.to_host(x_b), scaled = cuda.to_host(logits_b);
+      std::vector<double> normed_ref(static_cast<size_t>(D)), logits_ref(static_cast<size_t>(E));
+      for (int64_t i = 0; i < D; ++i) normed_ref[size_t(i)] = row_f[size_t(i)] / rms * weight_f[size_t(i)];
+      for (int64_t e = 0; e < E; ++e) logits_ref[size_t(e)] = logits[size_t(e)] / rms;
+      const double normed_err = rel_l2(to_float({normed.data<uint16_t>(), normed.data<uint16_t>() + D}), normed_ref);
+      const double logits_err = rel_l2({scaled.data<float>(), scaled.data<float>() + E}, logits_ref);
+      std::printf("[rel_l2] finish_pending_norm, %d experts: normed vs f64 %.2e, logits %.2e\n", int(E), normed_err,
+                  logits_err);
+      EXPECT_LT(normed_err, 4e-3);  // bf16's rounding of the normed values
+      EXPECT_LT(logits_err, 1e-6);
+    }
+}
+
 }  // namespace
 }  // namespace mlaserve::cuda::testing

@@ -121,6 +121,7 @@ CudaBackend::CudaBackend()
   fp8_linear_ = std::make_unique<Fp8Linear>();
   moe_select_ws_ = std::make_unique<MoeSelectWorkspace>();
   mla_chain_sync_ = DeviceBuffer(mla_decode_chain_sync_bytes());
+  mla_chain_norm_parts_ = DeviceBuffer(sizeof(float) * size_t(std::max(sm_count_, 1)));
   MLA_CUDA_CHECK(cudaMemset(mla_chain_sync_.get(), 0, mla_chain_sync_.bytes()), "backend start-up");
   pinned_bytes_ = size_t(1) << 20;
   MLA_CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_), "backend start-up");
@@ -964,19 +965,41 @@ bool CudaBackend::mla_decode_chain(const MlaDecodeChain& c, const DeviceBatch& b
               shape_str(t.residual.shape()), shape_str(t.normed.shape()), shape_str(t.norm_weight.shape()),
               shape_str(t.logits.shape()), shape_str(c.h.shape()), E);
     check_dev(t.logits, DType::F32, "mla_decode_chain", "logits");
+    if (!t.router_fold.defined() || !t.pending) return false;
+    MLA_CHECK(t.router_fold.shape() == Shape({E, H * Dv}),
+              "mla_decode_chain: router fold {} for {} experts and attention width {}",
+              shape_str(t.router_fold.shape()), E, H * Dv);
+    check_dev(t.router_fold, DType::F32, "mla_decode_chain", "router_fold");
+    p.router_fold = t.router_fold.data<float>();
     p.num_experts = int(E);
     p.logits = t.logits.data<float>();
     p.router = as_bf16(router.w, "mla_decode_chain");
     p.moe_norm = as_bf16(t.norm_weight, "mla_decode_chain");
-    p.moe_eps = t.eps;
     p.residual = bf(t.residual, "mla_decode_chain", "residual");
-    p.normed = bf(t.normed, "mla_decode_chain", "normed");
+    p.norm_parts = static_cast<float*>(mla_chain_norm_parts_.get());
+    *t.pending = PendingNorm{t.residual, t.norm_weight, t.eps,
+                             Tensor::wrap(p.norm_parts, {int64_t(sm_count_)}, DType::F32, Device::CUDA)};
   }
   Tensor scratch = alloc({int64_t(mla_decode_chain_scratch_bytes(sm_count_))}, DType::U8);
   p.scratch = scratch.raw();
   p.sync = mla_chain_sync_.get();
   cuda::mla_decode_chain(p, sm_count_, stream_);
   return true;
+}
+
+Tensor CudaBackend::mla_chain_router_fold(const Weight& router, const Tensor& norm_weight, const Weight& o_proj) {
+  const int64_t E = router.out_features(), D = router.in_features(), K = o_proj.in_features();
+  if (router.is_fp8() || o_proj.is_fp8() || !mla_decode_chain_takes_fold(int(D), int(K), int(E), sm_count_))
+    return {};
+  MLA_CHECK(o_proj.out_features() == D && norm_weight.numel() == D,
+            "mla_chain_router_fold: router {}, norm {}, o_proj {}", shape_str(router.w.shape()),
+            shape_str(norm_weight.shape()), shape_str(o_proj.w.shape()));
+  Tensor fold = alloc({E, K}, DType::F32);
+  cuda::mla_decode_chain_router_fold(as_bf16(router.w, "mla_chain_router_fold"),
+                                     as_bf16(norm_weight, "mla_chain_router_fold"),
+                                     as_bf16(o_proj.w, "mla_chain_router_fold"), int(E), int(D), int(K),
+                                     fold.data<float>(), stream_);
+  return fold;
 }
 
 namespace {
@@ -1065,9 +1088,39 @@ void CudaBackend::moe_experts(const Tensor& x, const ExpertWeights& experts, con
   run_moe_experts(x, experts, topk_ids, topk_weights, out, nullptr);
 }
 
+namespace {
+
+PendingNormParams pending_norm_params(const PendingNorm& n, const Tensor& x, const __nv_bfloat16* weight,
+                                      const char* op) {
+  MLA_CHECK(x.ndim() == 2 && x.dim(0) == 1 && n.residual.shape() == x.shape() && n.weight.numel() == x.dim(1) &&
+                n.parts.ndim() == 1 && n.parts.numel() >= 1 && n.parts.numel() <= kMaxNormParts,
+            "{}: a pending norm of residual {}, weight {}, {} parts for x {}", op, shape_str(n.residual.shape()),
+            shape_str(n.weight.shape()), n.parts.numel(), shape_str(x.shape()));
+  check_dev(n.parts, DType::F32, op, "parts");
+  PendingNormParams p;
+  p.parts = n.parts.data<float>();
+  p.count = int(n.parts.numel());
+  p.width = int(x.dim(1));
+  p.eps = n.eps;
+  p.row = bf(n.residual, op, "residual");
+  p.weight = weight;
+  return p;
+}
+
+}  // namespace
+
+void CudaBackend::finish_pending_norm(const PendingNorm& pending, Tensor normed, Tensor logits) {
+  check_dev(logits, DType::F32, "finish_pending_norm", "logits");
+  MLA_CHECK(logits.ndim() == 2 && logits.dim(0) == 1, "finish_pending_norm: logits {}", shape_str(logits.shape()));
+  const PendingNormParams n =
+      pending_norm_params(pending, normed, as_bf16(pending.weight, "finish_pending_norm"), "finish_pending_norm");
+  cuda::finish_pending_norm(n, logits.data<float>(), int(logits.dim(1)), bf(normed, "finish_pending_norm", "normed"),
+                            stream_);
+}
+
 void CudaBackend::moe_route_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& logits,
                                     const Tensor& bias, const RouterParams& rp, Tensor topk_ids, Tensor topk_weights,
-                                    Tensor out) {
+                                    Tensor out, const PendingNorm* pending) {
   check_dev(logits, DType::F32, "moe_route_experts", "logits");
   MLA_CHECK(logits.ndim() == 2 && logits.dim(0) == x.dim(0) && logits.dim(1) == experts.num_experts(),
             "moe_route_experts: logits {} for x {} and {} routed experts", shape_str(logits.shape()),
@@ -1075,7 +1128,10 @@ void CudaBackend::moe_route_experts(const Tensor& x, const ExpertWeights& expert
   MoeRouteParams route = route_params(bias, rp, logits.dim(0), logits.dim(1), topk_ids, topk_weights,
                                       "moe_route_experts");
   route.logits = logits.data<float>();
+  if (pending)
+    route.norm = pending_norm_params(*pending, x, as_bf16(pending->weight, "moe_route_experts"), "moe_route_experts");
   if (run_moe_experts(x, experts, topk_ids, topk_weights, out, &route)) return;
+  if (pending) finish_pending_norm(*pending, x, logits);
   Backend::moe_route_experts(x, experts, logits, bias, rp, topk_ids, topk_weights, out);
 }
 

@@ -70,6 +70,7 @@ class CudaBackend final : public Backend {
   void mla_attention_expanded_linear(const Tensor& q, const Tensor& kv, const Tensor& k_pe, const DeviceBatch& batch,
                                      float scale, const Weight& w, Tensor out) override;
   bool mla_decode_chain(const MlaDecodeChain& chain, const DeviceBatch& batch, Tensor out) override;
+  Tensor mla_chain_router_fold(const Weight& router, const Tensor& norm_weight, const Weight& o_proj) override;
   void moe_route(const Tensor& logits, const Tensor& bias, const RouterParams& p, Tensor topk_ids,
                  Tensor topk_weights) override;
   void moe_select(const Tensor& h, const Weight& router, const Tensor& bias, const RouterParams& p,
@@ -77,7 +78,12 @@ class CudaBackend final : public Backend {
   void moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids, const Tensor& topk_weights,
                    Tensor out) override;
   void moe_route_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& logits, const Tensor& bias,
-                         const RouterParams& p, Tensor topk_ids, Tensor topk_weights, Tensor out) override;
+                         const RouterParams& p, Tensor topk_ids, Tensor topk_weights, Tensor out,
+                         const PendingNorm* pending = nullptr) override;
+  // Completes a pending norm (the chain's) where the MoE kernels do not take
+  // it: normed{1, D} = rmsnorm(residual) * weight, logits{1, E} scaled to
+  // the router's.
+  void finish_pending_norm(const PendingNorm& pending, Tensor normed, Tensor logits);
   void argmax_rows(const Tensor& logits, Tensor ids) override;
   void sample_rows(const Tensor& logits, const std::vector<RowSampling>& rows, Tensor ids) override;
 
@@ -159,7 +165,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<MoeSelectWorkspace> moe_select_ws_;
   bool fp8_weights_ = true;
   bool mla_chain_ = true;
-  DeviceBuffer mla_chain_sync_;  // the chain kernel's two arrival counters and mailboxes (zeroed once)
+  DeviceBuffer mla_chain_sync_;  // the chain kernel's arrival counter and mailboxes (zeroed once)
+  DeviceBuffer mla_chain_norm_parts_;  // {sm_count} F32: the chain's PendingNorm parts
   std::unordered_map<const void*, Tensor> bf16_copies_;
   struct HostSlot;
   std::vector<std::shared_ptr<HostSlot>> host_slots_;  // to_host_later's

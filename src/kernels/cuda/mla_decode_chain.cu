@@ -114,30 +114,28 @@ __host__ __device__ inline Scratch carve(void* base, int grid, size_t* bytes) {
   return s;
 }
 
-// The sync state (zeroed once, kept between launches): two arrival counters
-// that only grow (every block adds 1 to each a launch), then the mailboxes of
-// the phases' bf16 hand-offs, one tagged 32-bit word a value: the value's
-// bits in the low half, its launch's tag in the high half. A reader polls
-// the words it needs until each carries its own launch's tag, so it takes a
-// value as soon as the writer stores it, with no grid barrier in between (a
-// release, an arrival and an acquire poll: ~0.8 us each, perf.md session 25)
-// and no load after it. No other kernel writes here, so a word that is not
-// this launch's holds an earlier launch's tag (tags run 1..65535 and every
-// launch rewrites every word; zero never matches).
+// The sync state (zeroed once, kept between launches): the grid barrier's
+// arrival counter, which only grows (every block adds 1 a launch), then the
+// mailboxes of the phases' bf16 hand-offs, one tagged 32-bit word a value:
+// the value's bits in the low half, its launch's tag in the high half. A
+// reader polls the words it needs until each carries its own launch's tag,
+// so it takes a value as soon as the writer stores it, with no grid barrier
+// in between (a release, an arrival and an acquire poll: ~0.8 us each,
+// perf.md session 25) and no load after it. No other kernel writes here, so
+// a word that is not this launch's holds an earlier launch's tag (tags run
+// 1..65535 and every launch rewrites every word; zero never matches).
 struct Mailbox {
-  unsigned long long *count, *out_count;  // the grid barrier's arrivals; blocks that posted their out rows
-  uint32_t *qkv, *q_cat, *latent, *attn, *out;  // {kQkvRows}, {kH, kRow}, {kRow}, {kAttnWidth}, {kD}
+  unsigned long long* count;              // the grid barrier's arrivals
+  uint32_t *qkv, *q_cat, *latent, *attn;  // {kQkvRows}, {kH, kRow}, {kRow}, {kAttnWidth}
 };
 __host__ __device__ inline Mailbox mailbox_of(void* sync, size_t* bytes) {
   Carver c{static_cast<char*>(sync)};
   Mailbox m;
   m.count = reinterpret_cast<unsigned long long*>(c.take(sizeof(unsigned long long)));
-  m.out_count = reinterpret_cast<unsigned long long*>(c.take(sizeof(unsigned long long)));
   m.qkv = reinterpret_cast<uint32_t*>(c.take(4 * kQkvRows));
   m.q_cat = reinterpret_cast<uint32_t*>(c.take(4 * kH * kRow));
   m.latent = reinterpret_cast<uint32_t*>(c.take(4 * kRow));
   m.attn = reinterpret_cast<uint32_t*>(c.take(4 * kAttnWidth));
-  m.out = reinterpret_cast<uint32_t*>(c.take(4 * kD));
   if (bytes) *bytes = c.off;
   return m;
 }
@@ -229,23 +227,8 @@ __device__ __forceinline__ unsigned long long load_relaxed(const unsigned long l
   return v;
 }
 
-// A count of blocks that posted a phase's values, for readers whose polls of
-// the values themselves would slow the last writers: relaxed (the values'
-// tags tell whether they are in), counted after the block's __syncthreads.
-__device__ void count_posted(unsigned long long* c) {
-  __syncthreads();
-  if (threadIdx.x == 0) asm volatile("red.relaxed.gpu.global.add.u64 [%0], 1;" ::"l"(c) : "memory");
-}
-__device__ void await_posted(const unsigned long long* c, unsigned long long target) {
-  if (threadIdx.x == 0) {
-    long long spins = 0;
-    while (load_relaxed(c) < target) count_spin(spins);
-  }
-  __syncthreads();
-}
-
 // The one grid barrier (the attention partials are f32, too wide to tag), on
-// the first counter: launch k starts at k x grid (every thread reads the
+// the arrival counter: launch k starts at k x grid (every thread reads the
 // count after the PDL wait, when the previous launch has completed; fewer
 // than `grid` arrivals of this launch can precede the read) and the barrier
 // waits for (k + 1) x grid. One release add and acquire polls by thread 0,
@@ -304,8 +287,8 @@ struct Misc {
   // (phase 5). Each of the grid's ~1,000 warps reading such a row from L2
   // queued their requests on the same 32 lines (~2 us a phase on the H100).
   __nv_bfloat16 row[kD];
-  // The residual stream's row for phase 6, staged before this block's phase 5
-  // results go out: block 0 overwrites it in memory once it has them all.
+  // The residual stream's row for phase 5, staged before the grid barrier:
+  // after it, the blocks write their rows of residual + out.
   __nv_bfloat16 residual[kD];
 #ifdef MLASERVE_CHAIN_TIMELINE
   unsigned long long timeline_enter;  // thread 0's
@@ -825,55 +808,50 @@ __device__ void merge_head(const Scratch& s, int h, int splits, Misc& m) {
   __syncthreads();
 }
 
-// Phase 6 in block e < E: residual + out, its norm and router logit e (the
-// arithmetic of rms_norm and linear_f32_out); block 0 also writes the
-// residual and the normed row. The MoE routes from the logits itself
-// (Backend::moe_route_experts), so the grid completes as soon as they are
-// written, ~5 us sooner than with an arrival count and the last block's
-// selection (v2-lite bs 1, H100: 2.270 against 2.305 ms a step). The
-// thread's 8 values: of the residual in m.residual, of out in the tagged
-// words `out`; w: its 8 router and 8 norm weights, loaded before the PDL wait.
-__device__ void route_phase(const MlaDecodeChainParams& p, int e, const uint4 (&out)[2], uint4 router_w,
-                            uint4 norm_w, Misc& m) {
-  static_assert(kD == 8 * kThreads, "8 hidden values a thread");
-  const int i0 = threadIdx.x * 8;
-  float v[8], o[8], w[8], g[8];
-  Bf16x8::load(m.residual + i0).to_float(v);
+// Block e's share of router logit e before the norm's scale: router[e] ·
+// diag(moe_norm) · (residual + w_o · attn), the w_o part through the fold,
+// over this thread's 8 of the D (= H Dv) terms: attn's in the tagged words,
+// the residual's in m.residual; w: its 8 router and norm weights and fold
+// values, loaded before the PDL wait.
+struct LogitWeights {
+  uint4 router{}, norm{};
+  float4 fold[2]{};
+};
+
+__device__ float logit_share(const uint4 (&attn)[2], const LogitWeights& w, const Misc& m) {
+  static_assert(kD == 8 * kThreads && kAttnWidth == kD, "8 values a thread of the residual and of attn");
+  float r[8], g[8], res[8];
+  bf16x8_to_float(w.router, r);
+  bf16x8_to_float(w.norm, g);
+  Bf16x8::load(m.residual + threadIdx.x * 8).to_float(res);
+  const float fold[8] = {w.fold[0].x, w.fold[0].y, w.fold[0].z, w.fold[0].w,
+                         w.fold[1].x, w.fold[1].y, w.fold[1].z, w.fold[1].w};
+  const uint32_t a[8] = {attn[0].x, attn[0].y, attn[0].z, attn[0].w, attn[1].x, attn[1].y, attn[1].z, attn[1].w};
+  float share = 0.0f;
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    o[4 * j] = word_value(out[j].x);
-    o[4 * j + 1] = word_value(out[j].y);
-    o[4 * j + 2] = word_value(out[j].z);
-    o[4 * j + 3] = word_value(out[j].w);
+  for (int j = 0; j < 8; ++j) share = fmaf(fold[j], word_value(a[j]), fmaf(r[j] * g[j], res[j], share));
+  return share;
+}
+
+// Phase 6: the block's sum of squares of its residual rows (ss, the lanes'
+// sums) into norm_parts and, in block e < E, logit e times the residual's
+// rms (share, the threads' logit_share) into logits; the MoE norms from the
+// parts (Backend's PendingNorm), so no block waits for another here.
+__device__ void moe_tail(const MlaDecodeChainParams& p, float ss, float share) {
+  __shared__ float2 part[kWarps];
+  const int tid = threadIdx.x, b = blockIdx.x;
+  const bool routes = b < p.num_experts;
+  ss = warp_sum(ss);
+  if (routes) share = warp_sum(share);
+  if (tid % 32 == 0) part[tid / 32] = make_float2(ss, share);
+  __syncthreads();
+  if (tid == 0) {
+    float2 sum = part[0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) sum.x += part[w].x, sum.y += part[w].y;
+    p.norm_parts[b] = sum.x;
+    if (routes) p.logits[b] = sum.y;
   }
-#pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] += o[j];
-  const Bf16x8 sum = Bf16x8::from_float(v);
-  sum.to_float(v);  // the norm reads what the residual stream will hold
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) ss += v[j] * v[j];
-  const float inv_rms = rsqrtf(block_sum(ss) / float(kD) + p.moe_eps);
-  CHAIN_STAMP(m, RouteNormed);
-  Bf16x8 nw, rw;
-  *reinterpret_cast<uint4*>(&nw) = norm_w;
-  *reinterpret_cast<uint4*>(&rw) = router_w;
-  nw.to_float(g);
-  rw.to_float(w);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = v[j] * inv_rms * g[j];
-  const Bf16x8 normed = Bf16x8::from_float(v);
-  normed.to_float(v);
-  float dot = 0.0f;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) dot += w[j] * v[j];
-  dot = block_sum(dot);
-  if (threadIdx.x == 0) p.logits[e] = dot;
-  if (e == 0) {
-    sum.store(p.residual + i0);
-    normed.store(p.normed + i0);
-  }
-  CHAIN_STAMP(m, RouteLogit);
 }
 
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecodeChainParams p) {
@@ -919,10 +897,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   // The batch was uploaded before the step's first kernel.
   const Constants constants = load_constants(p, b == grid - 1);
   const bool routes = p.router && b < p.num_experts;
-  uint4 router_w = make_uint4(0, 0, 0, 0), norm_w = make_uint4(0, 0, 0, 0);
+  LogitWeights logit_w;
   if (routes) {
-    router_w = *reinterpret_cast<const uint4*>(p.router + size_t(b) * kD + tid * 8);
-    norm_w = *reinterpret_cast<const uint4*>(p.moe_norm + tid * 8);
+    logit_w.router = *reinterpret_cast<const uint4*>(p.router + size_t(b) * kD + tid * 8);
+    logit_w.norm = *reinterpret_cast<const uint4*>(p.moe_norm + tid * 8);
+    const float4* fold = reinterpret_cast<const float4*>(p.router_fold + size_t(b) * kAttnWidth + tid * 8);
+    logit_w.fold[0] = fold[0];
+    logit_w.fold[1] = fold[1];
   }
 
   Split sp;
@@ -940,6 +921,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   if (sp.rows > 0 && b < kEarlySplits) preload_first_tile(p, sp, smem, true);
 
   pdl_wait();  // h comes from the previous kernel
+  // Phase 5's residual stream, unless it is phase 1's sum (in place).
+  const bool residual_in_place = p.x && p.in_residual && p.in_residual == p.residual && p.router;
+  const uint4 tail_residual =
+      p.router && !residual_in_place ? load_cg(p.residual + tid * 8) : make_uint4(0, 0, 0, 0);
   // Every thread reads the count: the tags of its posts and polls.
   const Mailbox box = mailbox_of(p.sync, nullptr);
   const unsigned long long count = load_relaxed(box.count), launch = count / unsigned(grid);
@@ -966,6 +951,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   CHAIN_STAMP_ALL(misc, Phase1Done);
   if (tid < 2 * kTile) first_slots[tid] = first_slot;
   stage_constants(p, constants, misc, b == grid - 1);
+  if (residual_in_place)
+    input_residual.store(misc.residual + tid * 8);
+  else if (p.router)
+    reinterpret_cast<uint4*>(misc.residual)[tid] = tail_residual;
   __syncthreads();  // the staged slots and constants; the qkv weights' region is free for the tiles
   // The context rows of tiles past the second go to L2 now (they are read
   // after phase 2; earlier, the previous kernels' traffic would evict them).
@@ -987,25 +976,18 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
 
   // 3. Attention over this block's split.
   if (sp.rows > 0) attention_split(p, s, box, tag, smem, b, sp, misc);
-  // The next kernel's trigger is in phase 6. Here it made the step slower
-  // while a chain block left room for other blocks beside it (bs 1 on the
-  // H200: 2.04 ms a step against 2.14); with a block filling its SM, earlier
-  // triggers were within noise (perf.md, session 26) and the route phase's
-  // end or phase 5's start slower (2.203 / 2.201 against 2.186, session 31).
+  // The next kernel launches as this grid's blocks exit. A trigger here made
+  // the step slower while a chain block left room for other blocks beside it
+  // (bs 1 on the H200: 2.04 ms a step against 2.14); with a block filling its
+  // SM, earlier triggers were within noise (perf.md, session 26) or slowed
+  // the chain's last phases (2.203 / 2.201 against 2.186, session 31).
   CHAIN_STAMP_ALL(misc, AttentionDone);
   grid_barrier(box.count, (launch + 1) * unsigned(grid));
   CHAIN_STAMP(misc, Barrier);
 
-  // The input residual, now that every block has read it, unless block 0
-  // writes the residual stream in phase 6 (the same row: the stores would race).
-  const bool residual_in_place = p.x && p.in_residual && p.in_residual == p.residual && p.router;
+  // The input residual, now that every block has read it, unless phase 5
+  // writes the residual stream into the same row.
   if (p.in_residual && !residual_in_place && b == max(0, grid - 2)) input_residual.store(p.in_residual + tid * 8);
-  if (routes) {
-    if (residual_in_place)
-      input_residual.store(misc.residual + tid * 8);
-    else
-      reinterpret_cast<uint4*>(misc.residual)[tid] = load_cg(p.residual + tid * 8);
-  }
 
   // 4. Merge and W_UV for this block's rows (one or two heads).
   sm90::mbar_wait(&bars[1], 0);
@@ -1031,7 +1013,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
   }
   CHAIN_STAMP_ALL(misc, Phase4Done);
 
-  // 5. o_proj rows.
+  // 5. o_proj rows; at a MoE layer, also the residual stream's rows and the
+  // share of a router logit.
+  float ss = 0.0f, share = 0.0f;  // phase 6's
   {
     static_assert(kAttnWidth == kD, "attn is staged in misc.row");
     uint4 words[2];
@@ -1040,6 +1024,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
                                                          word_pair(words[0].z, words[0].w),
                                                          word_pair(words[1].x, words[1].y),
                                                          word_pair(words[1].z, words[1].w));
+    if (routes) share = logit_share(words, logit_w, misc);
     CHAIN_STAMP(misc, Phase5AttnIn);
     __syncthreads();
     uint4 a[kAttnChunks];
@@ -1050,30 +1035,21 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_chain_kernel(MlaDecode
     rows_times_vector<kAttnWidth>(o_w, o_n, a, [&](int r, float acc) {
       const __nv_bfloat16 v = __float2bfloat16(acc);
       p.out[o0 + r] = v;
-      post(box.out + o0 + r, tagged(v, tag));
+      if (p.router) {  // rms_norm's residual add, and the sum its norm takes
+        const __nv_bfloat16 sum = __float2bfloat16(__bfloat162float(misc.residual[o0 + r]) + __bfloat162float(v));
+        p.residual[o0 + r] = sum;
+        ss = fmaf(__bfloat162float(sum), __bfloat162float(sum), ss);
+      }
     });
   }
-
-  // 6. The MoE layer's start (blocks that take no part are done).
   CHAIN_STAMP_ALL(misc, Phase5Done);
-  // 64 route blocks polling all of out slowed its last writers (v2-lite
-  // bs 1, H100: 2.186 against 2.172 ms a step with this count).
-  count_posted(box.out_count);
-  if (!routes) {
-    CHAIN_STAMP(misc, Exit);
-    return;
+
+  // 6. The MoE layer's start.
+  if (p.router) {
+    moe_tail(p, ss, share);
+    CHAIN_STAMP(misc, TailWritten);
   }
-  await_posted(box.out_count, (launch + 1) * unsigned(grid));
-  uint4 out[2];
-  await4<2>([&](int j) { return box.out + tid * 8 + 4 * j; }, tag, out);
-  CHAIN_STAMP(misc, RouteOutIn);
-  // The MoE's gate_up may launch now, on the SMs the blocks past the router's
-  // rows just left: its shared experts' blocks request their first weights
-  // while the route phase keeps DRAM idle (v2-lite bs 1, H100: 2.343 against
-  // 2.357 ms a step).
-  pdl_launch_dependents();
-  route_phase(p, b, out, router_w, norm_w, misc);
-  CHAIN_STAMP_ALL(misc, Exit);
+  CHAIN_STAMP(misc, Exit);
 }
 
 }  // namespace
@@ -1112,6 +1088,48 @@ bool mla_decode_chain_applies(const MlaDecodeChainShape& s, int sm_count) {
 
 bool mla_decode_chain_routes(int num_experts, int sm_count) { return num_experts >= 1 && num_experts <= sm_count; }
 
+bool mla_decode_chain_takes_fold(int hidden, int attn_width, int num_experts, int sm_count) {
+  return hidden == kD && attn_width == kAttnWidth && mla_decode_chain_routes(num_experts, sm_count);
+}
+
+namespace {
+
+// fold[e, k] in f32, a thread a column: products of bf16 values are exact in
+// f32, so only the sums round. A tile of router[e] · norm is staged at a time.
+constexpr int kFoldThreads = 256, kFoldTile = 1024;
+
+__global__ void __launch_bounds__(kFoldThreads) router_fold_kernel(const __nv_bfloat16* router,
+                                                                   const __nv_bfloat16* norm,
+                                                                   const __nv_bfloat16* w_o, int hidden,
+                                                                   int attn_width, float* fold) {
+  __shared__ float scaled[kFoldTile];
+  const int e = blockIdx.y, k = blockIdx.x * kFoldThreads + threadIdx.x;
+  float acc = 0.0f;
+  for (int i0 = 0; i0 < hidden; i0 += kFoldTile) {
+    const int n = min(kFoldTile, hidden - i0);
+    __syncthreads();  // the previous tile is read
+    for (int i = threadIdx.x; i < n; i += kFoldThreads)
+      scaled[i] = __bfloat162float(router[size_t(e) * hidden + i0 + i]) * __bfloat162float(norm[i0 + i]);
+    __syncthreads();
+    if (k < attn_width)
+      for (int i = 0; i < n; ++i) acc = fmaf(scaled[i], __bfloat162float(w_o[size_t(i0 + i) * attn_width + k]), acc);
+  }
+  if (k < attn_width) fold[size_t(e) * attn_width + k] = acc;
+}
+
+}  // namespace
+
+void mla_decode_chain_router_fold(const __nv_bfloat16* router, const __nv_bfloat16* norm,
+                                  const __nv_bfloat16* w_o, int num_experts, int hidden, int attn_width, float* fold,
+                                  cudaStream_t stream) {
+  MLA_CUDA_REQUIRE(num_experts >= 1 && num_experts <= 65535 && hidden >= 1 && attn_width >= 1,
+                   "mla_decode_chain_router_fold: " + std::to_string(num_experts) + " experts, hidden " +
+                       std::to_string(hidden) + ", attention width " + std::to_string(attn_width));
+  router_fold_kernel<<<dim3(ceil_div(attn_width, kFoldThreads), num_experts), kFoldThreads, 0, stream>>>(
+      router, norm, w_o, hidden, attn_width, fold);
+  check_launch("mla_decode_chain_router_fold");
+}
+
 size_t mla_decode_chain_sync_bytes() {
   size_t bytes = 0;
   mailbox_of(nullptr, &bytes);
@@ -1128,10 +1146,12 @@ void mla_decode_chain(const MlaDecodeChainParams& p, int sm_count, cudaStream_t 
   MLA_CUDA_REQUIRE(sm_count >= 1 && sm_count <= kMaxGrid && p.scratch && p.sync,
                    "mla_decode_chain: " + std::to_string(sm_count) + " SMs (1 to " + std::to_string(kMaxGrid) +
                        "), scratch and sync state required");
+  MLA_CUDA_REQUIRE(!p.router || (p.router_fold && p.norm_parts),
+                   "mla_decode_chain: a router without its fold or the norm's parts");
   // A block takes all of an SM's shared memory, not only its layout's: the
-  // MoE's gate_up, launched once out is whole, then starts on the SMs
-  // whose blocks have left instead of beside the route phase, which it
-  // slowed by up to 2.5 us (v2-lite bs 1, H100: 2.303 against 2.324 ms a step).
+  // MoE's gate_up then starts on the SMs whose blocks have left instead of
+  // beside the chain's last phases, which it slowed by up to 2.5 us (v2-lite
+  // bs 1, H100: 2.303 against 2.324 ms a step).
   static const int smem = [] {  // once per process, as the other kernels set theirs
     int device = 0, max_smem = 0;
     MLA_CUDA_CHECK(cudaGetDevice(&device), "mla_decode_chain");

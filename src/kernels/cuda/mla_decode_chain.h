@@ -26,11 +26,14 @@
 //   4. after the one grid barrier, each block merges the partials of its
 //      heads and applies W_UV to its rows;
 //   5. out[n] = attn · w_o[n] for the block's rows;
-//   6. at a MoE layer (router set), once out is whole: each of the first
-//      E blocks adds out to the residual, norms it (every block for itself)
-//      and forms one router logit; block 0 writes the residual and the normed
-//      row. The MoE routes from the logits (Backend::moe_route_experts), so
-//      it waits on this kernel only.
+//   6. at a MoE layer (router set): each block adds its out rows to the
+//      residual stream and writes their sum of squares, and each of the
+//      first E blocks router logit e times the residual's rms, formed in
+//      phase 5 from attn through the router folded with the norm's weight
+//      and o_proj (mla_decode_chain_router_fold). The MoE completes the norm
+//      from those sums (Backend's PendingNorm) and routes from the logits
+//      (Backend::moe_route_experts), so it waits on this kernel only, and no
+//      block here waits for the whole of out.
 // Intermediates are rounded to bf16 where the op-by-op path stores bf16
 // tensors, so both paths agree up to summation order.
 // Needs every block resident at once: the grid is one block per SM and a
@@ -82,13 +85,13 @@ struct MlaDecodeChainParams {
   // The MoE layer's start (Backend's MlaChainMoeTail), when router is set:
   const __nv_bfloat16* router = nullptr;    // {E, D}
   const __nv_bfloat16* moe_norm = nullptr;  // {D}
-  float moe_eps = 1e-6f;
   __nv_bfloat16* residual = nullptr;        // {D}, += out
-  __nv_bfloat16* normed = nullptr;          // {D}
+  float* norm_parts = nullptr;              // {grid}: sums of squares of each block's residual rows
+  const float* router_fold = nullptr;       // {E, H Dv}: mla_decode_chain_router_fold's
   int num_experts = 0;                      // router rows E
-  float* logits = nullptr;                  // {E}: normed · router[e] (linear_f32_out's)
-  // Scratch (mla_decode_chain_scratch_bytes); sync: two arrival counters
-  // and the mailboxes (mla_decode_chain_sync_bytes), zeroed
+  float* logits = nullptr;                  // {E}: rms(residual) x normed · router[e], up to the fold's rounding
+  // Scratch (mla_decode_chain_scratch_bytes); sync: the grid barrier's
+  // arrival counter and the mailboxes (mla_decode_chain_sync_bytes), zeroed
   // once and kept between launches, used by no other kernel.
   void* scratch = nullptr;
   void* sync = nullptr;
@@ -96,6 +99,16 @@ struct MlaDecodeChainParams {
 
 // Whether phase 6 handles E routed experts on this grid.
 bool mla_decode_chain_routes(int num_experts, int sm_count);
+// Whether the kernel at a MoE layer of this hidden size, attention width
+// (H Dv) and expert count takes a router fold on this grid.
+bool mla_decode_chain_takes_fold(int hidden, int attn_width, int num_experts, int sm_count);
+// fold{E, K} = router{E, D} · diag(norm{D}) · w_o{D, K} in f32: a router
+// logit of the normed row is then (residual · diag(norm) · router[e] +
+// fold[e] · attn) / rms, with no rounding of out, the residual or the
+// normed row in between (a few 1e-3 relative against the op-by-op logits).
+void mla_decode_chain_router_fold(const __nv_bfloat16* router, const __nv_bfloat16* norm,
+                                  const __nv_bfloat16* w_o, int num_experts, int hidden, int attn_width, float* fold,
+                                  cudaStream_t stream);
 // Bytes of the sync state (zero it once).
 size_t mla_decode_chain_sync_bytes();
 size_t mla_decode_chain_scratch_bytes(int sm_count);
@@ -109,7 +122,7 @@ void mla_decode_chain(const MlaDecodeChainParams& p, int sm_count, cudaStream_t 
 enum class ChainEvent {
   Enter, WaitReturned, Phase1Ready, Phase1Done, Phase2Ready, Phase2Done, AttnQIn, AttnFirstTileIn, AttnFirstScores,
   AttnFirstPv, AttentionDone, Barrier, FirstMergeDone, Phase4Done, Phase5AttnIn, Phase5Ready, Phase5Done,
-  RouteOutIn, RouteNormed, RouteLogit, Exit, Count
+  TailWritten, Exit, Count
 };
 constexpr int kChainTimelineLaunches = 512, kChainTimelineBlocks = 256;
 // Writes the stamps of the last kChainTimelineLaunches launches to path as

@@ -328,6 +328,9 @@ void moe_experts(const MoeExpertsParams& p, void* workspace, cudaStream_t stream
                          std::to_string(32 * kSmallRoutePerLane) +
                          " experts, and route's outputs as topk_ids / weights");
     require_valid_route(p.route, "moe_experts");
+    MLA_CUDA_REQUIRE(!p.route.norm.parts || (p.route.norm.width == p.hidden && p.hidden <= kMaxPendingWidth),
+                     "moe_experts: a pending norm of width " + std::to_string(p.route.norm.width) + " for hidden " +
+                         std::to_string(p.hidden) + " (at most " + std::to_string(kMaxPendingWidth) + ")");
   }
   if (p.num_tokens == 0) return;
   switch (moe_path(p)) {

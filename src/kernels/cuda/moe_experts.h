@@ -59,7 +59,8 @@ struct MoeExpertsParams : MoeBatch {
   // route.logits set (where moe_routes_in_kernels): the small path's kernels
   // route the token from these logits themselves and write the routing to
   // route's topk_ids / topk_weights (topk_ids / topk_weights above must name
-  // the same buffers) instead of reading it.
+  // the same buffers) instead of reading it; with route.norm set, x is
+  // formed from route.norm's row instead of read (x is not written).
   MoeRouteParams route;
 };
 

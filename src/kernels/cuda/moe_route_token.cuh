@@ -49,6 +49,23 @@ __device__ __forceinline__ void warp_argmax(float& v, int& idx) {
   }
 }
 
+// A pending norm's parts as a warp's lane holds them (lane + 32 j), all
+// requested at once, and the scale 1 / rms they give: every warp of every
+// kernel sums them in this one order, so all norm the row alike.
+constexpr int kNormPartsPerLane = kMaxNormParts / 32;
+__device__ __forceinline__ void request_norm_parts(const PendingNormParams& n, float (&v)[kNormPartsPerLane]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < kNormPartsPerLane; ++j) v[j] = lane + 32 * j < n.count ? __ldcg(n.parts + lane + 32 * j) : 0.0f;
+}
+__device__ __forceinline__ float pending_norm_scale(const PendingNormParams& n, const float (&v)[kNormPartsPerLane]) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kNormPartsPerLane; ++j) sum += v[j];
+  return rsqrtf(warp_sum(sum) / float(n.width) + n.eps);
+}
+
+// Selects token t's experts (logits scaled back by a pending norm's scale).
 template <int kRoutePerLane>
 __device__ __forceinline__ void route_token(const MoeRouteParams& p, int t, float* sel_s, bool* group_kept) {
   const int lane = threadIdx.x % 32;
@@ -59,6 +76,8 @@ __device__ __forceinline__ void route_token(const MoeRouteParams& p, int t, floa
   // The correction bias is requested with the logits: its latency (a
   // weight, often not in L2) then overlaps theirs.
   const bool biased = p.method == RouteMethod::NoauxTc && p.bias;
+  float parts[kNormPartsPerLane];  // requested with the logits too
+  if (p.norm.parts) request_norm_parts(p.norm, parts);
   float score[kRoutePerLane], bias[kRoutePerLane];
   float mx = -INFINITY;
 #pragma unroll
@@ -66,6 +85,11 @@ __device__ __forceinline__ void route_token(const MoeRouteParams& p, int t, floa
     const int e = lane + 32 * i;
     score[i] = e < E ? __ldcg(logits + e) : -INFINITY;
     bias[i] = biased && e < E ? __ldg(p.bias + e) : 0.0f;
+  }
+  const float scale = p.norm.parts ? pending_norm_scale(p.norm, parts) : 1.0f;
+#pragma unroll
+  for (int i = 0; i < kRoutePerLane; ++i) {
+    score[i] *= scale;
     mx = fmaxf(mx, score[i]);
   }
   if (p.sigmoid) {

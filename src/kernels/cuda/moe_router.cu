@@ -22,7 +22,39 @@ __global__ void moe_route_kernel(MoeRouteParams p) {
   route_token<kPerLane>(p, t, sel_s[warp], group_kept[warp]);
 }
 
+constexpr int kFinishThreads = 256;
+
+__global__ void __launch_bounds__(kFinishThreads) finish_pending_norm_kernel(PendingNormParams n, float* logits,
+                                                                             int num_experts, __nv_bfloat16* normed) {
+  __shared__ float scale;
+  pdl_enter();
+  if (threadIdx.x < 32) {
+    float parts[kNormPartsPerLane];
+    request_norm_parts(n, parts);
+    const float s = pending_norm_scale(n, parts);
+    if (threadIdx.x == 0) scale = s;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < n.width; i += kFinishThreads)
+    normed[i] = __float2bfloat16(__bfloat162float(n.row[i]) * scale * __bfloat162float(n.weight[i]));
+  for (int e = threadIdx.x; e < num_experts; e += kFinishThreads) logits[e] *= scale;
+}
+
 }  // namespace
+
+void require_valid_norm(const PendingNormParams& n, const char* op) {
+  MLA_CUDA_REQUIRE(n.parts && n.count >= 1 && n.count <= kMaxNormParts && n.width >= 1 && n.row && n.weight,
+                   std::string(op) + ": a pending norm of " + std::to_string(n.count) + " parts (1 to " +
+                       std::to_string(kMaxNormParts) + ") over " + std::to_string(n.width) +
+                       " values, its row and weight");
+}
+
+void finish_pending_norm(const PendingNormParams& norm, float* logits, int num_experts, __nv_bfloat16* normed,
+                         cudaStream_t stream) {
+  require_valid_norm(norm, "finish_pending_norm");
+  launch_dependent(finish_pending_norm_kernel, 1, kFinishThreads, 0, stream, norm, logits, num_experts, normed);
+  check_launch("finish_pending_norm");
+}
 
 void require_valid_route(const MoeRouteParams& p, const char* op) {
   const std::string o = op;
@@ -38,6 +70,10 @@ void require_valid_route(const MoeRouteParams& p, const char* op) {
                          " groups keeping " + std::to_string(p.topk_group) + " is not a valid grouping");
     MLA_CUDA_REQUIRE(p.top_k <= p.topk_group * (p.num_experts / p.n_group),
                      o + ": top_k exceeds the experts in the kept groups");
+  }
+  if (p.norm.parts) {
+    MLA_CUDA_REQUIRE(p.num_tokens == 1, o + ": a pending norm is one token's");
+    require_valid_norm(p.norm, op);
   }
 }
 

@@ -17,7 +17,10 @@
 // the previous kernel's tail and waits before reading the routing. With one
 // token on bf16 stacks they may instead route from the router's logits
 // themselves (SmallMoeArgs::route, Backend::moe_route_experts): the decode
-// chain then ends when it has written the logits.
+// chain then ends when it has written the logits. Its post-attention norm
+// may be pending too (route.norm): gate_up then forms x from the residual
+// row and the parts of its sum of squares, so the chain needs no exchange
+// for the norm.
 // NOTES: decode is bound by streaming expert weights, so every lane keeps 16
 // 16-byte weight loads in flight (ld.global.nc.L1::no_allocate: read once,
 // kept out of L1, where x and act, which every warp re-reads, stay), and the
@@ -63,6 +66,56 @@ __device__ __forceinline__ void load_bf16_as_f32(const __nv_bfloat16* p, float (
     b.to_float(t);
 #pragma unroll
     for (int j = 0; j < 8; ++j) f[8 * i + j] = t[j];
+  }
+}
+
+// The same from shared memory.
+template <int kN>
+__device__ __forceinline__ void load_shared_bf16_as_f32(const __nv_bfloat16* p, float (&f)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN / 8; ++i) {
+    Bf16x8 b;
+    *reinterpret_cast<uint4*>(&b) = reinterpret_cast<const uint4*>(p)[i];
+    float t[8];
+    b.to_float(t);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[8 * i + j] = t[j];
+  }
+}
+
+// One token's x formed from a pending norm (PendingNormParams) into shared
+// memory by the warps of a gate_up block from first_warp on (those that do
+// not route): the parts summed by each warp in pending_norm_scale's order,
+// 16-byte chunks normed with rms_norm's arithmetic, all loads in flight at
+// once. So the x of a routed block is formed while its warp 0 routes.
+constexpr int kMaxPendingWidth = 2048;
+constexpr int kPendingChunksPerThread = (kMaxPendingWidth / 8 + 32 * (kSmallGateUpWarps - 1) - 1) /
+                                        (32 * (kSmallGateUpWarps - 1));
+__device__ void form_pending_x(const PendingNormParams& n, __nv_bfloat16* x, int first_warp) {
+  const int t = threadIdx.x - 32 * first_warp, stride = blockDim.x - 32 * first_warp;
+  float parts[kNormPartsPerLane];
+  request_norm_parts(n, parts);
+  uint4 row[kPendingChunksPerThread], weight[kPendingChunksPerThread];
+#pragma unroll
+  for (int j = 0; j < kPendingChunksPerThread; ++j) {
+    const int c = t + j * stride;
+    if (c * 8 < n.width) {
+      row[j] = __ldcg(reinterpret_cast<const uint4*>(n.row) + c);
+      weight[j] = __ldg(reinterpret_cast<const uint4*>(n.weight) + c);
+    }
+  }
+  const float scale = pending_norm_scale(n, parts);
+#pragma unroll
+  for (int j = 0; j < kPendingChunksPerThread; ++j) {
+    const int c = t + j * stride;
+    if (c * 8 < n.width) {
+      float r[8], g[8];
+      bf16x8_to_float(row[j], r);
+      bf16x8_to_float(weight[j], g);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) r[i] = r[i] * scale * g[i];
+      Bf16x8::from_float(r).store(x + c * 8);
+    }
   }
 }
 
@@ -237,11 +290,12 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
   __shared__ int s_slot[kMaxTok];
   __shared__ int s_n;
   __shared__ BlockRoute s_route;
+  extern __shared__ __align__(16) __nv_bfloat16 s_x[];  // {D}: x formed from a pending norm
   const int per_token = a.slots.per_token(), total = a.num_tokens * per_token;
   // With one token (bf16 stacks) the shared slots come first (a rotation of
   // the slots): their experts are known without the routing, so their blocks
   // request the first round of weights before the wait, while the decode
-  // chain's route phase leaves DRAM idle (it lets this kernel launch then).
+  // chain's last blocks finish (their SMs free as its blocks leave).
   constexpr bool kEarlyShared = Stacks::kEarlySharedGateUp && kMaxTok == 1;
   const int slot0 = kEarlyShared ? (int(blockIdx.y) + a.slots.top_k) % total : int(blockIdx.y);
   const bool early = kEarlyShared && slot0 % per_token >= a.slots.top_k;
@@ -275,12 +329,19 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
   // launch only after this wait: it may read the routing before its own.
   pdl_wait();
   pdl_launch_dependents();
+  // One token whose norm is pending (the decode chain's): x is formed once
+  // into shared memory, by the warps that do not route (the loop forming
+  // each chunk it read made the step 5% slower).
+  const bool pending = kMaxTok == 1 && a.route.logits && a.route.norm.parts;
+  const int routing_warps = slot0 % per_token < a.slots.top_k ? 1 : 0;
+  if (pending && warp >= routing_warps) form_pending_x(a.route.norm, s_x, routing_warps);
   if (blockIdx.x == 0 && blockIdx.y == 0)
     for (int i = threadIdx.x; i < a.down_tiles; i += blockDim.x) a.tile_arrivals[i] = 0;
   // The routed slots' blocks route; the block of slot 0's first column tile
   // publishes the routing.
   const bool routes = s_route.form<Stacks, kMaxTok>(a, slot0, slot0 == 0 && blockIdx.x == 0);
   const int expert = s_route.expert(a.slots, slot0, routes);
+  // s_x is read after gather's __syncthreads.
   gather_expert_slots<kMaxTok>(a.slots, slot0, total, s_slot, &s_n);
   const int n = s_n;
   if (n == 0 || col0 >= a.inter) return;
@@ -290,7 +351,7 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
 #pragma unroll
   for (int t = 0; t < kMaxTok; ++t) {
     slot[t] = t < n ? s_slot[t] : slot0;
-    xrow[t] = a.x + int64_t(slot[t] / per_token) * D;
+    xrow[t] = pending ? s_x : a.x + int64_t(slot[t] / per_token) * D;
   }
   if (!early) set_rows(expert);
 
@@ -310,7 +371,10 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
       for (int t = 0; t < kMaxTok; ++t) {
         if (t >= n) break;
         float xf[kE];
-        load_bf16_as_f32(xrow[t] + int64_t(kc) * kE, xf);
+        if (pending)
+          load_shared_bf16_as_f32(xrow[t] + kc * kE, xf);
+        else
+          load_bf16_as_f32(xrow[t] + int64_t(kc) * kE, xf);
 #pragma unroll
         for (int c = 0; c < kCols; ++c)
 #pragma unroll
@@ -471,7 +535,8 @@ void launch_small_moe(SmallMoeArgs<Stacks> a, int gate_up_cols, int down_rows_pe
                               : gate_up_cols == 4 ? moe_small_gate_up_kernel<Stacks, kMaxTok, 4>
                                                   : nullptr;
   MLA_CUDA_REQUIRE(gate_up_kernel, std::string(op) + ": gate_up columns per warp must be 1, 2 or 4");
-  launch_dependent(gate_up_kernel, gate_up_grid, gate_up_threads, 0, stream, a);
+  const size_t x_bytes = kMaxTok == 1 && a.route.logits && a.route.norm.parts ? sizeof(__nv_bfloat16) * a.hidden : 0;
+  launch_dependent(gate_up_kernel, gate_up_grid, gate_up_threads, x_bytes, stream, a);
   check_launch(op);
   const dim3 down_grid(a.down_tiles, slots);
   const auto down_kernel = down_rows_per_warp == 2   ? moe_small_down_kernel<Stacks, kMaxTok, 2>
