@@ -384,6 +384,24 @@ TEST_P(BackendSharedExperts, FoldedSharedExpertsMatchTheCpuBackend) {
 
 INSTANTIATE_TEST_SUITE_P(Tokens, BackendSharedExperts, ::testing::Values(1, 5, 40));
 
+RouterParams v2_lite_routing() {  // softmax, greedy top 6
+  RouterParams p;
+  p.top_k = 6;
+  return p;
+}
+
+RouterParams v3_routing_in_8_groups() {  // V3's: sigmoid, the correction bias, 8 groups keeping 4, top 8
+  RouterParams p;
+  p.method = TopkMethod::NoauxTc;
+  p.scoring = ScoringFunc::Sigmoid;
+  p.top_k = 8;
+  p.n_group = 8;
+  p.topk_group = 4;
+  p.renormalize = true;
+  p.scaling = 2.5f;
+  return p;
+}
+
 // Backend::moe_route_experts: a decode token routed inside the small path's
 // kernels (CUDA, up to 64 routed experts) gives what moe_route then
 // moe_experts give, bit for bit, routing included, for the three methods;
@@ -398,21 +416,13 @@ TEST(BackendRouteExperts, RoutingInsideTheKernelsEqualsRouteThenExperts) {
   const ExpertWeights cpu_experts = host.load(*cpu);
   const ExpertWeights cuda_experts = host.load(cuda);
 
-  RouterParams v2_lite;  // softmax, greedy top 6
-  v2_lite.top_k = 6;
+  const RouterParams v2_lite = v2_lite_routing();
   RouterParams grouped = v2_lite;
   grouped.method = TopkMethod::GroupLimitedGreedy;
   grouped.n_group = 8;
   grouped.topk_group = 3;
   grouped.scaling = 16.0f;
-  RouterParams noaux;  // V3's method on 64 experts
-  noaux.method = TopkMethod::NoauxTc;
-  noaux.scoring = ScoringFunc::Sigmoid;
-  noaux.top_k = 8;
-  noaux.n_group = 8;
-  noaux.topk_group = 4;
-  noaux.renormalize = true;
-  noaux.scaling = 2.5f;
+  const RouterParams noaux = v3_routing_in_8_groups();
   std::normal_distribution<float> nd(0.0f, 2.0f);
   for (const RouterParams& rp : {v2_lite, grouped, noaux})
     for (int64_t T : {1, 3}) {
@@ -476,19 +486,10 @@ TEST(BackendRouteExperts, APendingNormEqualsTheNormFinishedFirst) {
   const int64_t D = 256, I = 128, S = 2;
   std::mt19937 rng(79);
   CudaBackend cuda;
-  RouterParams v2_lite;  // softmax, greedy top 6
-  v2_lite.top_k = 6;
-  RouterParams noaux;  // V3's method on 64 experts: sigmoid scores depend on the scale
-  noaux.method = TopkMethod::NoauxTc;
-  noaux.scoring = ScoringFunc::Sigmoid;
-  noaux.top_k = 8;
-  noaux.n_group = 8;
-  noaux.topk_group = 4;
-  noaux.renormalize = true;
-  noaux.scaling = 2.5f;
   std::normal_distribution<float> nd(0.0f, 1.0f);
+  // Sigmoid scores (V3's method) depend on the logits' scale, softmax's top-k does not.
   for (int64_t E : {64, 96})
-    for (const RouterParams& rp : {v2_lite, noaux}) {
+    for (const RouterParams& rp : {v2_lite_routing(), v3_routing_in_8_groups()}) {
       SCOPED_TRACE(::testing::Message() << E << " experts, method " << int(rp.method));
       const HostExperts host(E, I, D, S, rng);
       const ExpertWeights experts = host.load(cuda);

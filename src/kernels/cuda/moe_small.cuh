@@ -55,27 +55,15 @@ constexpr int kSmallMaxSlotsPerToken = 16;
 // up to 64 routed experts, V2-Lite's.
 constexpr int kSmallRoutePerLane = 2;
 
-// n (a multiple of 8) bf16 values at p as f32.
-template <int kN>
+// n (a multiple of 8) bf16 values at p as f32: global memory through the
+// read-only path, or shared memory (kShared).
+template <int kN, bool kShared = false>
 __device__ __forceinline__ void load_bf16_as_f32(const __nv_bfloat16* p, float (&f)[kN]) {
 #pragma unroll
   for (int i = 0; i < kN / 8; ++i) {
+    const uint4* chunk = reinterpret_cast<const uint4*>(p) + i;
     Bf16x8 b;
-    *reinterpret_cast<uint4*>(&b) = __ldg(reinterpret_cast<const uint4*>(p) + i);
-    float t[8];
-    b.to_float(t);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) f[8 * i + j] = t[j];
-  }
-}
-
-// The same from shared memory.
-template <int kN>
-__device__ __forceinline__ void load_shared_bf16_as_f32(const __nv_bfloat16* p, float (&f)[kN]) {
-#pragma unroll
-  for (int i = 0; i < kN / 8; ++i) {
-    Bf16x8 b;
-    *reinterpret_cast<uint4*>(&b) = reinterpret_cast<const uint4*>(p)[i];
+    *reinterpret_cast<uint4*>(&b) = kShared ? *chunk : __ldg(chunk);
     float t[8];
     b.to_float(t);
 #pragma unroll
@@ -202,6 +190,15 @@ struct SmallMoeArgs {
   int down_tiles;
   __nv_bfloat16* out;       // {T, D}
 };
+
+// Whether gate_up forms x from a pending norm (one token, routed from the
+// logits, route.norm set) instead of reading it. Stacks that never route
+// from logits compile the path away (it took FP8's one-token gate_up from 96
+// to 128 registers, five blocks an SM to four: v3-slice bs 1 1.6% slower).
+template <typename Stacks>
+__host__ __device__ bool forms_pending_x(const SmallMoeArgs<Stacks>& a, int max_tok) {
+  return Stacks::kRoutesFromLogits && max_tok == 1 && a.route.logits && a.route.norm.parts;
+}
 
 // One token's routing as a block forms it from the router's logits (warp 0
 // runs route_token on what the kernel before wrote, ~1,000 blocks each
@@ -332,7 +329,7 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
   // One token whose norm is pending (the decode chain's): x is formed once
   // into shared memory, by the warps that do not route (the loop forming
   // each chunk it read made the step 5% slower).
-  const bool pending = kMaxTok == 1 && a.route.logits && a.route.norm.parts;
+  const bool pending = forms_pending_x(a, kMaxTok);
   const int routing_warps = slot0 % per_token < a.slots.top_k ? 1 : 0;
   if (pending && warp >= routing_warps) form_pending_x(a.route.norm, s_x, routing_warps);
   if (blockIdx.x == 0 && blockIdx.y == 0)
@@ -372,7 +369,7 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
         if (t >= n) break;
         float xf[kE];
         if (pending)
-          load_shared_bf16_as_f32(xrow[t] + kc * kE, xf);
+          load_bf16_as_f32<kE, true>(xrow[t] + kc * kE, xf);
         else
           load_bf16_as_f32(xrow[t] + int64_t(kc) * kE, xf);
 #pragma unroll
@@ -535,7 +532,7 @@ void launch_small_moe(SmallMoeArgs<Stacks> a, int gate_up_cols, int down_rows_pe
                               : gate_up_cols == 4 ? moe_small_gate_up_kernel<Stacks, kMaxTok, 4>
                                                   : nullptr;
   MLA_CUDA_REQUIRE(gate_up_kernel, std::string(op) + ": gate_up columns per warp must be 1, 2 or 4");
-  const size_t x_bytes = kMaxTok == 1 && a.route.logits && a.route.norm.parts ? sizeof(__nv_bfloat16) * a.hidden : 0;
+  const size_t x_bytes = forms_pending_x(a, kMaxTok) ? sizeof(__nv_bfloat16) * a.hidden : 0;
   launch_dependent(gate_up_kernel, gate_up_grid, gate_up_threads, x_bytes, stream, a);
   check_launch(op);
   const dim3 down_grid(a.down_tiles, slots);
