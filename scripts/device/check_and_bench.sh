@@ -3,7 +3,7 @@
 # .device-cuda.pack carried (see pack.sh): device facts, the GPU tests, a
 # compute-sanitizer pass over them, and the kernel benchmarks. Logs go to
 # $OUT; the last lines printed are the summary.
-# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|grouped|fp8|model|nopdl|ncu|ncudetail|engine|v3fp8|ab|envab|ncuv3|ncuprefill|timeline|peer]...
+# Usage: scripts/device/check_and_bench.sh [tests|sanitize|bench|power|grouped|fp8|model|nopdl|ncu|ncudetail|engine|v3fp8|ab|envab|ncuv3|ncuprefill|timeline|peer]...
 # (default: tests sanitize bench model peer). nopdl repeats the model's decode
 # with programmatic dependent launch off (MLASERVE_PDL=0), to show what it buys;
 # ncu times every kernel of a few decode steps of a 4-layer v2-lite with
@@ -65,6 +65,24 @@ for step in "${steps[@]}"; do
         "$dir/bench_kernels_cuda" --benchmark_min_warmup_time=0.05 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
         summary+=("bench: rc=${PIPESTATUS[0]}")
       fi
+      ;;
+    power)
+      # SM clock and board power while a benchmark repeats: GEMMs that reach
+      # the 700 W cap run below their boost clock (perf.md sessions 22, 34).
+      # POWER_BENCHES: binary:filter pairs (default the FP8 MoE at 4096 tokens
+      # and cuBLASLt's FP8 o_proj at M = 4096).
+      for spec in ${POWER_BENCHES:-bench_grouped_gemm:BM_Sm90MoeFp8/4096/0/0/1/0/192/ bench_fp8:BM_Fp8Linear/4096/7168/16384/}; do
+        bin=${spec%%:*} filter=${spec#*:}
+        [ -x "$dir/$bin" ] || continue
+        nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits -lms 100 > "$OUT/power_samples.txt" &
+        smi=$!
+        "$dir/$bin" --benchmark_filter="$filter" --benchmark_repetitions=${POWER_REPS:-30} 2>&1 |
+          grep -E "_(mean|median) " | tee -a "$OUT/power.log"
+        kill $smi
+        wait $smi 2>/dev/null
+        python3 scripts/device/power_summary.py "$OUT/power_samples.txt" | sed "s|^|$bin $filter: |" | tee -a "$OUT/power.log"
+      done
+      summary+=("power: $(grep -c 'SM clock' "$OUT/power.log" 2>/dev/null || echo 0) benchmarks sampled")
       ;;
     grouped)
       if [ -x "$dir/bench_grouped_gemm" ]; then
