@@ -90,7 +90,7 @@ TEST_P(Fp8BackendLinear, MatchesTheBf16DequantizedPath) {
   backend.linear(dx, w_fp8, out_fp8);
   const double err = rel_l2(host_floats(backend, out_fp8), as_double(host_floats(backend, out_bf16)));
   const std::string detail = fmt::format("M={} N={} K={} ({})", m, n, k,
-                                         fp8_gemm_path_name(Fp8Linear::path_for(m, n, k, sm90_gemm_supported())));
+                                         fp8_gemm_path_name(Fp8Linear::path_for(m, n, k, Fp8GemmDevice::current())));
   report_fp8("backend linear fp8", detail.c_str(), err, kLinearTol);
   EXPECT_LT(err, kLinearTol);
 }

@@ -16,6 +16,19 @@ const char* fp8_gemm_path_name(Fp8GemmPath path) {
   }
 }
 
+Fp8GemmDevice Fp8GemmDevice::current() {
+  Fp8GemmDevice d;
+  d.hopper = sm90_gemm_supported();
+  if (!d.hopper) return d;  // the memory only moves the choice between Hopper's paths
+  int device = 0, clock_khz = 0, bus_bits = 0;
+  MLA_CUDA_CHECK(cudaGetDevice(&device), "fp8 linear");
+  MLA_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device), "fp8 linear");
+  MLA_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device), "fp8 linear");
+  // Two transfers a clock (HBM's double data rate).
+  d.fast_memory = 2.0 * clock_khz * 1e3 * bus_bits / 8 >= kFastMemoryBytesPerSecond;
+  return d;
+}
+
 namespace {
 
 // The own kernel's parameters for a plain linear.
@@ -64,21 +77,24 @@ Sm90Fp8GemmParams sm90_params(const uint8_t* x_q, const float* x_scale, int64_t 
 // the split-K kernel kept q_a, kv_a and their fusion (8-13 us against cuBLASLt's
 // ~16 us floor), and shared down {7168, 2048} within 4%. Since the split-K
 // kernel adds a tile's splits in a cluster, it takes o_proj and dense down
-// (K >= kSplitKMinK) at 96 / 128 rows ~9% faster than cuBLASLt (H100,
-// perf.md session 24, which has the figures; the H200's crossover is not
-// remeasured), while q_b, kv_b and the dense gate_up, whose
-// 128-row plans do not split K, stay 4-7% faster on cuBLASLt (the shared
-// gate_up ties).
+// (K >= kSplitKMinK) at 96 / 128 rows ~9% faster than cuBLASLt on the H100
+// (perf.md session 24), but not on the H200's faster memory, where
+// cuBLASLt streams them 4-8% faster than the clusters (o_proj 42.0 / 43.9
+// us against 44.6 / 45.8, dense down 46.2 / 48.4 against 49.8 / 51.2 at
+// 96 / 128 rows; at 64 rows the kernel's 64 x 256 tiles stay 12-17% ahead:
+// 35.6 / 39.6 against 43.1 / 45.0; perf.md session 34). q_b, kv_b and the
+// dense gate_up, whose 128-row plans do not split K, stay 4-7% faster on
+// cuBLASLt on both (the shared gate_up ties on the H100).
 // Above those rows, where cuBLASLt's layout rules fail (M not a multiple
 // of 4: three prefill batches in four), the wgmma kernel takes any M: the
 // portable mma.sync kernel was 12-16x slower than cuBLASLt at M = 4096 on
 // q_b, o_proj and the dense gate_up (H100, perf.md session 22), the wgmma
 // kernel 9-13% slower.
-Fp8GemmPath Fp8Linear::path_for(int64_t m, int64_t n, int64_t k, bool hopper) {
-  const bool sm90 = sm90_takes(n, k, hopper);
+Fp8GemmPath Fp8Linear::path_for(int64_t m, int64_t n, int64_t k, const Fp8GemmDevice& device) {
+  const bool sm90 = sm90_takes(n, k, device.hopper);
   if (sm90 && m <= kMaxSm90Rows) {
-    const bool cublaslt_faster = m > kMaxSm90RowsLargeWeights && n * k >= kLargeWeightValues && k < kSplitKMinK &&
-                                 Fp8CublasLtGemm::shape_allowed(m, n, k);
+    const bool cublaslt_faster = m > kMaxSm90RowsLargeWeights && n * k >= kLargeWeightValues &&
+                                 (k < kSplitKMinK || device.fast_memory) && Fp8CublasLtGemm::shape_allowed(m, n, k);
     if (!cublaslt_faster) return Fp8GemmPath::Sm90SplitK;
   }
   if (m > kMaxOwnKernelRows && Fp8CublasLtGemm::shape_allowed(m, n, k)) return Fp8GemmPath::CublasLt;
@@ -99,8 +115,8 @@ size_t Fp8Linear::workspace_bytes(int64_t m, int64_t n, int64_t k) {
   return std::max(own, fp8_gemm_sm90_workspace_bytes(p));
 }
 
-bool Fp8Linear::quantizes_in_gemm(int64_t m, int64_t n, int64_t k, bool hopper) {
-  return m >= 1 && m <= kSm90QuantizeMaxRows && path_for(m, n, k, hopper) == Fp8GemmPath::Sm90SplitK;
+bool Fp8Linear::quantizes_in_gemm(int64_t m, int64_t n, int64_t k, const Fp8GemmDevice& device) {
+  return m >= 1 && m <= kSm90QuantizeMaxRows && path_for(m, n, k, device) == Fp8GemmPath::Sm90SplitK;
 }
 
 bool Fp8Linear::run_bf16(const __nv_bfloat16* x, int64_t x_ld, const uint8_t* w, const float* w_scale, int64_t m,
@@ -138,7 +154,7 @@ Fp8GemmPath Fp8Linear::run(const uint8_t* x_q, const float* x_scale, int64_t sca
                            const float* w_scale, int64_t m, int64_t n, int64_t k, __nv_bfloat16* out,
                            void* workspace, cudaStream_t stream) {
   MLA_CUDA_REQUIRE(scale_ld >= m, "fp8 linear: scale_ld is smaller than the row count");
-  const Fp8GemmPath path = path_for(m, n, k, hopper_);
+  const Fp8GemmPath path = path_for(m, n, k, device_);
   if (path == Fp8GemmPath::Sm90SplitK) {
     run_sm90(x_q, x_scale, scale_ld, w, w_scale, m, n, k, out, workspace, stream);
     return path;
@@ -146,7 +162,7 @@ Fp8GemmPath Fp8Linear::run(const uint8_t* x_q, const float* x_scale, int64_t sca
   if (path == Fp8GemmPath::CublasLt &&
       run_cublaslt(x_q, x_scale, scale_ld, w, w_scale, m, n, k, out, stream))
     return Fp8GemmPath::CublasLt;
-  if (sm90_takes(n, k, hopper_)) {  // cuBLASLt had no algorithm, or the scales are not M apart
+  if (sm90_takes(n, k, device_.hopper)) {  // cuBLASLt had no algorithm, or the scales are not M apart
     run_sm90(x_q, x_scale, scale_ld, w, w_scale, m, n, k, out, workspace, stream);
     return Fp8GemmPath::Sm90SplitK;
   }

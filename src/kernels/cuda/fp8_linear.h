@@ -1,9 +1,10 @@
 #pragma once
 // A block-FP8 linear layer on quantized activations: out{M, N} bf16 =
-// dequant(x_q{M, K}) · dequant(w{N, K})ᵀ, choosing the GEMM per shape
-// (measured on the H200, docs/fp8.md):
+// dequant(x_q{M, K}) · dequant(w{N, K})ᵀ, choosing the GEMM per shape and
+// device (measured on the H100 and the H200, docs/fp8.md):
 //   M <= 64 on Hopper, and up to 128 rows for weights under 2^24 values or
-//     K of 8192 and more -> the wgmma kernel with split K
+//     (on an H100's memory, under 4 TB/s) K of 8192 and more -> the wgmma
+//     kernel with split K
 //     (grouped_gemm_sm90.h: M = 1 included; weights streamed by TMA from
 //     every SM; up to 8 rows it also quantizes bf16 x itself, run_bf16);
 //   larger M -> cuBLASLt block-scaled FP8 (its wgmma kernels: 0.9-1.1
@@ -31,14 +32,22 @@ namespace mlaserve::cuda {
 enum class Fp8GemmPath { OwnKernel, CublasLt, Sm90SplitK };
 const char* fp8_gemm_path_name(Fp8GemmPath path);
 
+// What the dispatch reads of the device.
+struct Fp8GemmDevice {
+  bool hopper = false;       // runs grouped_gemm_sm90's kernels
+  bool fast_memory = false;  // peak memory bandwidth of kFastMemoryBytesPerSecond or more (H200, not H100)
+  static constexpr double kFastMemoryBytesPerSecond = 4e12;
+  static Fp8GemmDevice current();
+};
+
 class Fp8Linear {
  public:
   static constexpr int64_t kMaxOwnKernelRows = 8, kMaxSm90Rows = 128, kMaxSm90RowsLargeWeights = 64;
   static constexpr int64_t kLargeWeightValues = int64_t(1) << 24;  // N * K from which cuBLASLt takes 65-128 rows
-  static constexpr int64_t kSplitKMinK = 8192;  // ... unless K reaches this (the wgmma kernel splits K in clusters)
+  // ... unless K reaches this on a device without fast memory (the wgmma kernel splits K in clusters)
+  static constexpr int64_t kSplitKMinK = 8192;
 
-  // hopper: the device runs grouped_gemm_sm90's kernels.
-  static Fp8GemmPath path_for(int64_t m, int64_t n, int64_t k, bool hopper);
+  static Fp8GemmPath path_for(int64_t m, int64_t n, int64_t k, const Fp8GemmDevice& device);
   // Whether the wgmma kernel takes this N and K (on Hopper).
   static bool sm90_takes(int64_t n, int64_t k, bool hopper);
   // Workspace `run` needs for this shape: the split-K sums of the path it
@@ -58,8 +67,8 @@ class Fp8Linear {
   // (and N % 8 == 0) the sm90 kernel quantizes x itself, 1x128 as
   // quantize_fp8_act would, and no quantization kernel runs. Returns false
   // (and does nothing) for other shapes and GPUs.
-  static bool quantizes_in_gemm(int64_t m, int64_t n, int64_t k, bool hopper);
-  bool quantizes_in_gemm(int64_t m, int64_t n, int64_t k) const { return quantizes_in_gemm(m, n, k, hopper_); }
+  static bool quantizes_in_gemm(int64_t m, int64_t n, int64_t k, const Fp8GemmDevice& device);
+  bool quantizes_in_gemm(int64_t m, int64_t n, int64_t k) const { return quantizes_in_gemm(m, n, k, device_); }
   bool run_bf16(const __nv_bfloat16* x, int64_t x_ld, const uint8_t* w, const float* w_scale, int64_t m, int64_t n,
                 int64_t k, __nv_bfloat16* out, void* workspace, cudaStream_t stream);
   void run_sm90(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w, const float* w_scale,
@@ -69,7 +78,7 @@ class Fp8Linear {
 
  private:
   Fp8CublasLtGemm lt_;
-  bool hopper_ = sm90_gemm_supported();
+  Fp8GemmDevice device_ = Fp8GemmDevice::current();
 };
 
 }  // namespace mlaserve::cuda
