@@ -9,6 +9,8 @@
 // enters too (~2.5% RMS per element, and so of each dot product): 4.5e-2.
 #include "kernels/cuda/fp8_linear.h"
 
+#include <initializer_list>
+
 #include "fp8_test_util.h"
 #include "kernels/cuda/fp8_quant.h"
 
@@ -119,35 +121,47 @@ TEST(Fp8LinearBf16Input, QuantizingInTheGemmMatchesTheQuantizationKernel) {
 
 const Fp8GemmDevice kNotHopper{false, false}, kH100{true, false}, kH200{true, true};
 
+struct DispatchCase {
+  int64_t m, n, k;
+  Fp8GemmPath path;
+  const char* why = "";
+};
+
+void expect_paths(const Fp8GemmDevice& device, std::initializer_list<DispatchCase> cases) {
+  for (const DispatchCase& c : cases)
+    EXPECT_EQ(Fp8Linear::path_for(c.m, c.n, c.k, device), c.path)
+        << c.m << " x " << c.n << " x " << c.k << (*c.why ? ": " : "") << c.why;
+}
+
 TEST(Fp8LinearDispatch, WithoutHopperSmallMUsesOwnKernelLargerMUsesCublasLt) {
-  EXPECT_EQ(Fp8Linear::path_for(1, 7168, 16384, kNotHopper), Fp8GemmPath::OwnKernel);
-  EXPECT_EQ(Fp8Linear::path_for(8, 4096, 7168, kNotHopper), Fp8GemmPath::OwnKernel);
-  EXPECT_EQ(Fp8Linear::path_for(12, 4096, 7168, kNotHopper), Fp8GemmPath::CublasLt);
-  EXPECT_EQ(Fp8Linear::path_for(128, 24576, 1536, kNotHopper), Fp8GemmPath::CublasLt);
-  EXPECT_EQ(Fp8Linear::path_for(4096, 24576, 1536, kNotHopper), Fp8GemmPath::CublasLt);
-  EXPECT_EQ(Fp8Linear::path_for(4097, 7168, 2048, kNotHopper), Fp8GemmPath::OwnKernel) << "M not a multiple of 4";
-  EXPECT_EQ(Fp8Linear::path_for(64, 576, 1000, kNotHopper), Fp8GemmPath::OwnKernel) << "K not a multiple of 512";
+  expect_paths(kNotHopper, {{1, 7168, 16384, Fp8GemmPath::OwnKernel},
+                            {8, 4096, 7168, Fp8GemmPath::OwnKernel},
+                            {12, 4096, 7168, Fp8GemmPath::CublasLt},
+                            {128, 24576, 1536, Fp8GemmPath::CublasLt},
+                            {4096, 24576, 1536, Fp8GemmPath::CublasLt},
+                            {4097, 7168, 2048, Fp8GemmPath::OwnKernel, "M not a multiple of 4"},
+                            {64, 576, 1000, Fp8GemmPath::OwnKernel, "K not a multiple of 512"}});
 }
 
 TEST(Fp8LinearDispatch, OnHopperSplitKUpTo64RowsAndUpTo128ForWeightsUnder2To24ValuesOrLongK) {
-  EXPECT_EQ(Fp8Linear::path_for(1, 7168, 16384, kH100), Fp8GemmPath::Sm90SplitK);
-  EXPECT_EQ(Fp8Linear::path_for(64, 576, 7168, kH100), Fp8GemmPath::Sm90SplitK);
-  EXPECT_EQ(Fp8Linear::path_for(64, 7168, 16384, kH100), Fp8GemmPath::Sm90SplitK);
-  EXPECT_EQ(Fp8Linear::path_for(128, 2112, 7168, kH100), Fp8GemmPath::Sm90SplitK) << "fused q_a / kv_a";
-  EXPECT_EQ(Fp8Linear::path_for(128, 7168, 2048, kH100), Fp8GemmPath::Sm90SplitK) << "shared expert down";
-  EXPECT_EQ(Fp8Linear::path_for(68, 7168, 16384, kH100), Fp8GemmPath::Sm90SplitK) << "o_proj: K splits in clusters";
-  EXPECT_EQ(Fp8Linear::path_for(128, 7168, 18432, kH100), Fp8GemmPath::Sm90SplitK) << "dense down";
-  EXPECT_EQ(Fp8Linear::path_for(132, 7168, 16384, kH100), Fp8GemmPath::CublasLt) << "o_proj above 128 rows";
-  EXPECT_EQ(Fp8Linear::path_for(128, 36864, 7168, kH100), Fp8GemmPath::CublasLt) << "dense gate_up";
-  EXPECT_EQ(Fp8Linear::path_for(128, 24576, 1536, kH100), Fp8GemmPath::CublasLt) << "q_b";
-  EXPECT_EQ(Fp8Linear::path_for(128, 32768, 512, kH100), Fp8GemmPath::CublasLt) << "kv_b: 2^24 values";
-  EXPECT_EQ(Fp8Linear::path_for(66, 24576, 1536, kH100), Fp8GemmPath::Sm90SplitK) << "M not a multiple of 4";
-  EXPECT_EQ(Fp8Linear::path_for(132, 24576, 1536, kH100), Fp8GemmPath::CublasLt);
-  EXPECT_EQ(Fp8Linear::path_for(4, 100, 1024, kH100), Fp8GemmPath::OwnKernel) << "N not a multiple of 8";
-  EXPECT_EQ(Fp8Linear::path_for(4096, 7168, 16384, kH100), Fp8GemmPath::CublasLt);
-  EXPECT_EQ(Fp8Linear::path_for(4095, 7168, 16384, kH100), Fp8GemmPath::Sm90SplitK) << "M not a multiple of 4";
-  EXPECT_EQ(Fp8Linear::path_for(4097, 32768, 512, kH100), Fp8GemmPath::Sm90SplitK) << "kv_b, M % 4 != 0";
-  EXPECT_EQ(Fp8Linear::path_for(301, 100, 1024, kH100), Fp8GemmPath::OwnKernel) << "N not a multiple of 8";
+  expect_paths(kH100, {{1, 7168, 16384, Fp8GemmPath::Sm90SplitK},
+                       {64, 576, 7168, Fp8GemmPath::Sm90SplitK},
+                       {64, 7168, 16384, Fp8GemmPath::Sm90SplitK},
+                       {128, 2112, 7168, Fp8GemmPath::Sm90SplitK, "fused q_a / kv_a"},
+                       {128, 7168, 2048, Fp8GemmPath::Sm90SplitK, "shared expert down"},
+                       {68, 7168, 16384, Fp8GemmPath::Sm90SplitK, "o_proj: K splits in clusters"},
+                       {128, 7168, 18432, Fp8GemmPath::Sm90SplitK, "dense down"},
+                       {132, 7168, 16384, Fp8GemmPath::CublasLt, "o_proj above 128 rows"},
+                       {128, 36864, 7168, Fp8GemmPath::CublasLt, "dense gate_up"},
+                       {128, 24576, 1536, Fp8GemmPath::CublasLt, "q_b"},
+                       {128, 32768, 512, Fp8GemmPath::CublasLt, "kv_b: 2^24 values"},
+                       {66, 24576, 1536, Fp8GemmPath::Sm90SplitK, "M not a multiple of 4"},
+                       {132, 24576, 1536, Fp8GemmPath::CublasLt},
+                       {4, 100, 1024, Fp8GemmPath::OwnKernel, "N not a multiple of 8"},
+                       {4096, 7168, 16384, Fp8GemmPath::CublasLt},
+                       {4095, 7168, 16384, Fp8GemmPath::Sm90SplitK, "M not a multiple of 4"},
+                       {4097, 32768, 512, Fp8GemmPath::Sm90SplitK, "kv_b, M % 4 != 0"},
+                       {301, 100, 1024, Fp8GemmPath::OwnKernel, "N not a multiple of 8"}});
   EXPECT_TRUE(Fp8Linear::quantizes_in_gemm(8, 576, 7168, kH100));
   EXPECT_FALSE(Fp8Linear::quantizes_in_gemm(9, 576, 7168, kH100));
   EXPECT_FALSE(Fp8Linear::quantizes_in_gemm(1, 576, 7168, kNotHopper));
@@ -155,13 +169,13 @@ TEST(Fp8LinearDispatch, OnHopperSplitKUpTo64RowsAndUpTo128ForWeightsUnder2To24Va
 
 // The H200's memory: cuBLASLt takes the long-K weights at 65-128 rows too.
 TEST(Fp8LinearDispatch, OnFastMemoryCublasLtTakesEveryLargeWeightFrom65Rows) {
-  EXPECT_EQ(Fp8Linear::path_for(64, 7168, 16384, kH200), Fp8GemmPath::Sm90SplitK) << "o_proj";
-  EXPECT_EQ(Fp8Linear::path_for(68, 7168, 16384, kH200), Fp8GemmPath::CublasLt) << "o_proj";
-  EXPECT_EQ(Fp8Linear::path_for(128, 7168, 18432, kH200), Fp8GemmPath::CublasLt) << "dense down";
-  EXPECT_EQ(Fp8Linear::path_for(128, 2112, 7168, kH200), Fp8GemmPath::Sm90SplitK) << "fused q_a / kv_a";
-  EXPECT_EQ(Fp8Linear::path_for(128, 7168, 2048, kH200), Fp8GemmPath::Sm90SplitK) << "shared expert down";
-  EXPECT_EQ(Fp8Linear::path_for(126, 7168, 16384, kH200), Fp8GemmPath::Sm90SplitK) << "M not a multiple of 4";
-  EXPECT_EQ(Fp8Linear::path_for(1, 7168, 16384, kH200), Fp8GemmPath::Sm90SplitK);
+  expect_paths(kH200, {{64, 7168, 16384, Fp8GemmPath::Sm90SplitK, "o_proj"},
+                       {68, 7168, 16384, Fp8GemmPath::CublasLt, "o_proj"},
+                       {128, 7168, 18432, Fp8GemmPath::CublasLt, "dense down"},
+                       {128, 2112, 7168, Fp8GemmPath::Sm90SplitK, "fused q_a / kv_a"},
+                       {128, 7168, 2048, Fp8GemmPath::Sm90SplitK, "shared expert down"},
+                       {126, 7168, 16384, Fp8GemmPath::Sm90SplitK, "M not a multiple of 4"},
+                       {1, 7168, 16384, Fp8GemmPath::Sm90SplitK}});
   EXPECT_TRUE(Fp8Linear::quantizes_in_gemm(8, 7168, 16384, kH200));
 }
 
