@@ -360,9 +360,10 @@ BENCHMARK(BM_Fp8Sm90Splits)
     })
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
 // The two paths where they meet (32-128 rows, every V3 shape): the evidence
-// for Fp8Linear's row limit of the sm90 kernel.
+// for Fp8Linear's row limits of the sm90 kernel (80: between 64-row and
+// 128-row tiles).
 void crossover_args(benchmark::internal::Benchmark* b) {
-  for (int64_t m : {32, 64, 96, 128})
+  for (int64_t m : {32, 64, 80, 96, 128})
     for (auto [n, k] : kV3Shapes) b->Args({m, n, k});
 }
 BENCHMARK(BM_Fp8LinearSm90)
