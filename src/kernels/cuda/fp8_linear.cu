@@ -81,8 +81,8 @@ Sm90Fp8GemmParams sm90_params(const uint8_t* x_q, const float* x_scale, int64_t 
 // (perf.md session 24), but not on the H200's faster memory, where
 // cuBLASLt streams them 4-8% faster than the clusters (o_proj 42.0 / 43.9
 // us against 44.6 / 45.8, dense down 46.2 / 48.4 against 49.8 / 51.2 at
-// 96 / 128 rows; at 64 rows the kernel's 64 x 256 tiles stay 12-17% ahead:
-// 35.6 / 39.6 against 43.1 / 45.0; perf.md session 34). q_b, kv_b and the
+// 96 / 128 rows, 9-11% at 80; at 64 rows the kernel's 64 x 256 tiles stay
+// 12-17% ahead: 35.6 / 39.6 against 43.1 / 45.0; perf.md session 34). q_b, kv_b and the
 // dense gate_up, whose 128-row plans do not split K, stay 4-7% faster on
 // cuBLASLt on both (the shared gate_up ties on the H100).
 // Above those rows, where cuBLASLt's layout rules fail (M not a multiple
