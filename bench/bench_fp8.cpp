@@ -163,8 +163,11 @@ void dense_args(benchmark::internal::Benchmark* b) {
 }
 
 // The sm90 kernel's split-K choice at decode rows: {m, n, k, splits,
-// cluster}, splits 0 = the plan's own, cluster as Sm90GemmVariant's
-// fp8_cluster_splits; graph-replayed over weight copies like the linears.
+// cluster, block_m, block_n, bf16}, splits 0 = the plan's own, cluster,
+// block_m and block_n as Sm90GemmVariant's fp8_cluster_splits, fp8_block_m
+// and fp8_block_n (0: the plan's), bf16 1: bf16 rows quantized inside the
+// GEMM (as decode rows run); graph-replayed over weight copies like the
+// linears.
 void BM_Fp8Sm90Splits(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const int64_t copies = std::clamp<int64_t>((int64_t(256) << 20) / (n * k) + 1, 2, 64);
@@ -182,6 +185,12 @@ void BM_Fp8Sm90Splits(benchmark::State& state) {
   p.k = int(k);
   p.variant.fp8_k_splits = int(state.range(3));
   p.variant.fp8_cluster_splits = int(state.range(4));
+  p.variant.fp8_block_m = int(state.range(5));
+  p.variant.fp8_block_n = int(state.range(6));
+  if (state.range(7)) {
+    p.a_bf16 = x.x.get<__nv_bfloat16>();
+    p.a_bf16_ld = k;
+  }
   DeviceBuffer workspace(fp8_gemm_sm90_workspace_bytes(p));
   p.workspace = workspace.get();
   state.SetLabel(fp8_gemm_sm90_plan(p));
@@ -355,9 +364,25 @@ BENCHMARK(BM_Fp8Sm90Splits)
                                    {4096, 7168},  {7168, 18432}, {36864, 7168}};
       const int64_t runs[][2] = {{0, 0}, {1, 0}, {2, -1}, {2, 1}, {3, -1}, {4, -1}, {4, 1}, {8, -1}};
       for (int64_t m : {1, 64, 128})
-        for (const auto& s : shapes)
-          for (const auto& r : runs) b->Args({m, s[0], s[1], r[0], r[1]});
+        for (const auto& s : shapes) {
+          for (const auto& r : runs) b->Args({m, s[0], s[1], r[0], r[1], 0, 0, 0});
+          if (m == 64)  // 128 x 192 tiles, one consumer warpgroup's rows
+            for (int64_t splits : {1, 2, 3, 4}) b->Args({m, s[0], s[1], splits, -1, 128, 192, 0});
+          if (m == 1)  // as decode rows run: quantized in the GEMM
+            for (int64_t splits : {0, 1, 2, 3, 4}) b->Args({m, s[0], s[1], splits, -1, 0, 0, 1});
+        }
     })
+    ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+// q_b {24576, 1536}: 64 x 256 tiles against 128 x 192 (one wave) across decode rows.
+BENCHMARK(BM_Fp8Sm90Splits)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (int64_t m : {8, 16, 24, 32, 48, 64}) {
+        b->Args({m, 24576, 1536, 0, 0, 0, 0, 0});
+        b->Args({m, 24576, 1536, 1, -1, 64, 0, 0});
+        b->Args({m, 24576, 1536, 1, -1, 128, 192, 0});
+      }
+    })
+    ->Name("BM_Fp8Sm90WideDecode")
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
 // The two paths where they meet (32-128 rows, every V3 shape): the evidence
 // for Fp8Linear's row limits of the sm90 kernel (80: between 64-row and

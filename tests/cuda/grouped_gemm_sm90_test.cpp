@@ -323,6 +323,7 @@ TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
   // 128 x 192 tiles (N not a multiple of 192 in most shapes: a partial last column tile), alone and in pairs.
   variants.push_back(Sm90GemmVariant{0, 0, 128, -1, 0, 1, 0, 192});
   variants.push_back(Sm90GemmVariant{0, 0, 128, -1, 0, 2, 0, 192});
+  variants.push_back(Sm90GemmVariant{0, 0, 128, -1, 3, 1, 0, 192});  // and split K (decode rows)
   // A tile's 2 or 4 splits as one cluster adding their sums in distributed shared memory, and 4 as
   // f32 partials and a sum kernel.
   for (int block_m : {64, 128})
@@ -386,12 +387,13 @@ TEST_P(Sm90Fp8Gemm, MatchesHostProductOfDequantizedOperands) {
 // rows: 5 row tiles of 128, so pairs and a phantom tile), and
 // decode rows: one token (63 of the 64 tile rows zero-filled) against V3's
 // fused q_a / kv_a width, whose plan splits K, 8 tokens, and 5; up to 8 rows
-// also run quantizing bf16 rows inside the GEMM.
+// also run quantizing bf16 rows inside the GEMM; 48 tokens against q_b,
+// whose plan takes 128 x 192 tiles with one warpgroup's rows.
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Fp8Gemm,
                          ::testing::Values(DenseShape{100, 576, 512}, DenseShape{300, 1024, 1024},
                                            DenseShape{600, 640, 1024},
                                            DenseShape{1, 2112, 7168}, DenseShape{8, 1536, 1536},
-                                           DenseShape{5, 576, 2048}));
+                                           DenseShape{5, 576, 2048}, DenseShape{48, 24576, 1536}));
 
 }  // namespace
 }  // namespace mlaserve::cuda::testing

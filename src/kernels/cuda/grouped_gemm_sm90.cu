@@ -372,7 +372,9 @@ __global__ void __launch_bounds__(threads_of<T>(), 1)
     } else {
       u.row0 = u.mb * T::kBlockM;
       u.group = group_of(u.mb);
-      if constexpr (T::kConsumers == 3) u.consumers = min(T::kConsumers, (rows - u.row0 + 63) / 64);
+      // Warpgroups whose 64 rows are all past m skip their products (a
+      // cluster split's ranks exchange every warpgroup's sums, so not there).
+      if constexpr (T::kSplitM && !kClusterSplitK) u.consumers = min(T::kConsumers, (rows - u.row0 + 63) / 64);
     }
     return u;
   };
@@ -1526,6 +1528,10 @@ void run_fp8_moe(const Sm90MoeParams& p, void* workspace, cudaStream_t stream) {
   check_launch("sm90 fp8 moe combine");
 }
 
+// Rows from which a dense fp8 GEMM at decode rows may take 128 x 192 tiles
+// (plan_dense_fp8).
+constexpr int kWideDecodeMinRows = 48;
+
 // How a dense fp8 GEMM runs: tile rows, K splits (f32 partials and a sum
 // kernel, or cluster_splits: one cluster a tile), promotion.
 struct DenseFp8Plan {
@@ -1627,7 +1633,20 @@ DenseFp8Plan plan_dense_fp8(const Sm90Fp8GemmParams& p) {
       }
     }
   }
-  plan.overlap = plan.k_splits == 1 && plan.block_m != 192 && fp8_overlapped(p.variant, p.k);
+  // From 48 rows an unsplit grid of 64 x 256 tiles that leaves a quarter of
+  // the SMs idle (q_b {24576, 1536}: 96 tiles) runs faster as one wave of
+  // 128 x 192 tiles (128; the second warpgroup has no rows): q_b 14.0 / 14.2
+  // us against 14.4 / 15.7 at 48 / 64 rows, while at 8-32 rows the 64 x 256
+  // tiles stay 8-15% ahead (H200, perf.md session 35).
+  if (p.variant.fp8_block_m == 0 && p.variant.fp8_block_n == 0 && p.variant.fp8_k_splits == 0 &&
+      plan.block_m == 64 && plan.k_splits == 1 && p.m >= kWideDecodeMinRows) {
+    const int64_t sms = sm_count(), wide_tiles = (p.n + 191) / 192;
+    if (4 * tiles <= 3 * sms && wide_tiles <= sms) {
+      plan.block_m = 128;
+      plan.block_n = 192;
+    }
+  }
+  plan.overlap = plan.k_splits == 1 && plan.block_m != 192 && plan.block_n != 192 && fp8_overlapped(p.variant, p.k);
   if (plan.k_splits > 1 && !plan.cluster_splits)
     plan.workspace_bytes = size_t(plan.k_splits) * p.m * p.n * sizeof(float);
   return plan;
