@@ -1637,7 +1637,7 @@ DenseFp8Plan plan_dense_fp8(const Sm90Fp8GemmParams& p) {
   // the SMs idle (q_b {24576, 1536}: 96 tiles) runs faster as one wave of
   // 128 x 192 tiles (128; the second warpgroup has no rows): q_b 14.0 / 14.2
   // us against 14.4 / 15.7 at 48 / 64 rows, while at 8-32 rows the 64 x 256
-  // tiles stay 8-15% ahead (H200, perf.md session 35).
+  // tiles take 8-16% less (H200, perf.md session 35).
   if (p.variant.fp8_block_m == 0 && p.variant.fp8_block_n == 0 && p.variant.fp8_k_splits == 0 &&
       plan.block_m == 64 && plan.k_splits == 1 && p.m >= kWideDecodeMinRows) {
     const int64_t sms = sm_count(), wide_tiles = (p.n + 191) / 192;
