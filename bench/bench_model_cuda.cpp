@@ -280,7 +280,9 @@ ForwardBatch decode_batch(const std::vector<int32_t>& tokens, int len, int slot_
 }
 
 // Times every op of the model on the GPU (events around each call) while
-// forwarding to the CUDA backend: the per-op breakdown of a decode step.
+// forwarding to the CUDA backend: the per-op breakdown of a decode step. It
+// forwards the fused ops too (Backend makes them pure virtual), so the model
+// it times runs the kernels the engine runs.
 class OpTimingBackend final : public Backend {
  private:
   struct Record {
@@ -363,6 +365,14 @@ class OpTimingBackend final : public Backend {
   void silu_and_mul_gate_up(const Tensor& gu, Tensor o) override {
     timed("silu_and_mul_gate_up", [&] { in_.silu_and_mul_gate_up(gu, o); });
   }
+  void rms_norm_linears(const Tensor& x, const Tensor& norm_w, float eps, Tensor residual,
+                        const std::vector<LinearTarget>& targets) override {
+    timed("rms_norm_linears", [&] { in_.rms_norm_linears(x, norm_w, eps, residual, targets); });
+  }
+  void silu_and_mul_linear(const Tensor& gate_up, const Weight& w, Tensor out) override {
+    timed(fmt::format("silu_and_mul_linear {}x{}", w.out_features(), w.in_features()),
+          [&] { in_.silu_and_mul_linear(gate_up, w, out); });
+  }
   void add(Tensor y, const Tensor& x) override { timed("add", [&] { in_.add(y, x); }); }
   void copy_columns(const Tensor& s, int64_t sc, Tensor d, int64_t dc, int64_t n) override {
     timed("copy_columns", [&] { in_.copy_columns(s, sc, d, dc, n); });
@@ -372,6 +382,13 @@ class OpTimingBackend final : public Backend {
   void head_bmm(const Tensor& x, const Weight& w, bool t, Tensor o) override { timed("head_bmm", [&] { in_.head_bmm(x, w, t, o); }); }
   void mla_prepare(const MlaPrepare& p, const Tensor& pos, const Tensor& slots, const Tensor& f, float s) override {
     timed("mla_prepare", [&] { in_.mla_prepare(p, pos, slots, f, s); });
+  }
+  void mla_prepare_q_b(const MlaPrepare& p, const Tensor& pos, const Tensor& slots, const Tensor& f, float s,
+                       const Weight& q_b, Tensor q) override {
+    timed("mla_prepare_q_b", [&] { in_.mla_prepare_q_b(p, pos, slots, f, s, q_b, q); });
+  }
+  void head_bmm_linear(const Tensor& x, const Weight& w, bool t, const Weight& proj, Tensor o) override {
+    timed("head_bmm_linear", [&] { in_.head_bmm_linear(x, w, t, proj, o); });
   }
   Tensor mla_chain_router_fold(const Weight& r, const Tensor& n, const Weight& o) override {
     return in_.mla_chain_router_fold(r, n, o);
@@ -386,6 +403,10 @@ class OpTimingBackend final : public Backend {
   void mla_attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& kpe, const DeviceBatch& b, float s,
                               Tensor o) override {
     timed("mla_attention_expanded", [&] { in_.mla_attention_expanded(q, kv, kpe, b, s, o); });
+  }
+  void mla_attention_expanded_linear(const Tensor& q, const Tensor& kv, const Tensor& kpe, const DeviceBatch& b,
+                                     float s, const Weight& w, Tensor o) override {
+    timed("mla_attention_expanded_linear", [&] { in_.mla_attention_expanded_linear(q, kv, kpe, b, s, w, o); });
   }
   void moe_route(const Tensor& l, const Tensor& b, const RouterParams& p, Tensor i, Tensor w) override {
     timed("moe_route", [&] { in_.moe_route(l, b, p, i, w); });

@@ -5,6 +5,17 @@
 
 namespace mlaserve {
 
+bool Backend::mla_decode_chain(const MlaDecodeChain&, const DeviceBatch&, Tensor) { return false; }
+
+Tensor Backend::mla_chain_router_fold(const Weight&, const Tensor&, const Weight&) { return {}; }
+
+void Backend::moe_select(const Tensor& h, const Weight& router, const Tensor& bias, const RouterParams& p,
+                         Tensor topk_ids, Tensor topk_weights) {
+  Tensor logits = alloc({h.dim(0), router.out_features()}, DType::F32);
+  linear_f32_out(h, router, logits);
+  moe_route(logits, bias, p, topk_ids, topk_weights);
+}
+
 void Backend::moe_route_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& logits,
                                 const Tensor& bias, const RouterParams& p, Tensor topk_ids, Tensor topk_weights,
                                 Tensor out, const PendingNorm* pending) {

@@ -182,6 +182,12 @@ struct MlaDecodeChain {
   const ResidualNorm* norm_head = nullptr;  // also do the block's input norm
 };
 
+// Ops that fuse others (rms_norm_linears, moe_select, the decode chain...)
+// are pure virtual with a reference definition, the composition they
+// replace: every backend, wrappers included, must say which one it runs, so
+// a wrapper cannot silently run the composition where the backend it wraps
+// has a fused kernel (a timing wrapper once did, and its benchmarks measured
+// a path the engine never takes).
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -248,9 +254,9 @@ class Backend {
   // rms_norm(x, norm_w, eps, ·, residual), then linear(·, *t.w, t.out) for
   // each target; the normed rows themselves are not kept.
   virtual void rms_norm_linears(const Tensor& x, const Tensor& norm_w, float eps, Tensor residual,
-                                const std::vector<LinearTarget>& targets);
+                                const std::vector<LinearTarget>& targets) = 0;
   // silu_and_mul_gate_up(gate_up, ·), then linear(·, w, out).
-  virtual void silu_and_mul_linear(const Tensor& gate_up, const Weight& w, Tensor out);
+  virtual void silu_and_mul_linear(const Tensor& gate_up, const Weight& w, Tensor out) = 0;
   // y += x (same shape)
   virtual void add(Tensor y, const Tensor& x) = 0;
   // Column block copy between row-major matrices: both tensors are viewed as
@@ -281,7 +287,8 @@ class Backend {
   // head_bmm, then linear(·{T, H N}, proj, out): W_UV's product feeding
   // o_proj, as one op like rms_norm_linears (the CUDA backend writes
   // block-FP8 rows from the product's kernel for block-FP8 weights).
-  virtual void head_bmm_linear(const Tensor& x, const Weight& w, bool transpose_w, const Weight& proj, Tensor out);
+  virtual void head_bmm_linear(const Tensor& x, const Weight& w, bool transpose_w, const Weight& proj,
+                               Tensor out) = 0;
 
   // All parts of p (see MlaPrepare) for the tokens at positions{T} I32,
   // writing latent rows to out_slots{T} I32; R = 2 * inv_freq.numel(). One
@@ -294,7 +301,7 @@ class Backend {
   // normed rows are then the op's scratch): the CUDA backend quantizes them
   // for a block-FP8 q_b inside the norm and writes no bf16 rows.
   virtual void mla_prepare_q_b(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots,
-                               const Tensor& inv_freq, float cos_sin_scale, const Weight& q_b, Tensor q);
+                               const Tensor& inv_freq, float cos_sin_scale, const Weight& q_b, Tensor q) = 0;
 
   // Absorbed MLA (decode, or any batch): q{T, H, L + R} = [q_latent | q_pe]
   // in the layout of the cache rows; cache{S, L + R} holds [c_kv | k_pe] per
@@ -308,18 +315,13 @@ class Backend {
   // returns true having written out{T, D} and the cache row (and, with a
   // moe_tail or a norm_head, their outputs). Returns false having done nothing, and the model
   // asks again without the tail or runs the ops one by one.
-  virtual bool mla_decode_chain(const MlaDecodeChain& /*chain*/, const DeviceBatch& /*batch*/, Tensor /*out*/) {
-    return false;
-  }
+  virtual bool mla_decode_chain(const MlaDecodeChain& chain, const DeviceBatch& batch, Tensor out) = 0;
   // What a backend's chain with a moe_tail needs besides the layer's weights,
   // made once at load: router · diag(norm_weight) · o_proj {E, H Dv} F32
   // where the chain forms the router logits from the attention output (the
   // logits then skip the roundings of out, the residual and the normed row);
   // undefined where the backend's chain does not take one (the default).
-  virtual Tensor mla_chain_router_fold(const Weight& /*router*/, const Tensor& /*norm_weight*/,
-                                       const Weight& /*o_proj*/) {
-    return {};
-  }
+  virtual Tensor mla_chain_router_fold(const Weight& router, const Tensor& norm_weight, const Weight& o_proj) = 0;
   // Non-absorbed MLA (prefill/extend): q{T, H, Dn + R}; kv{Lk, H, Dn + Dv} is
   // kv_b_proj's output [k_nope | v] per head and k_pe{Lk, R} the roped key,
   // both for the batch's kv tokens in kv_slots order (Lk = total kv tokens);
@@ -330,7 +332,7 @@ class Backend {
   // output feeding o_proj, as one op like rms_norm_linears (the CUDA backend
   // writes block-FP8 rows from the attention kernel for a block-FP8 w).
   virtual void mla_attention_expanded_linear(const Tensor& q, const Tensor& kv, const Tensor& k_pe,
-                                             const DeviceBatch& batch, float scale, const Weight& w, Tensor out);
+                                             const DeviceBatch& batch, float scale, const Weight& w, Tensor out) = 0;
 
   // Router: logits{T, E} F32 (from linear_f32_out), bias{E} (NoauxTc's
   // e_score_correction_bias) or undefined. topk_ids I32 {T, k},
@@ -342,11 +344,7 @@ class Backend {
   // p, topk_ids, topk_weights). This default runs exactly those two ops (the
   // CPU reference); CUDA fuses them into one launch for decode-sized T.
   virtual void moe_select(const Tensor& h, const Weight& router, const Tensor& bias, const RouterParams& p,
-                          Tensor topk_ids, Tensor topk_weights) {
-    Tensor logits = alloc({h.dim(0), router.out_features()}, DType::F32);
-    linear_f32_out(h, router, logits);
-    moe_route(logits, bias, p, topk_ids, topk_weights);
-  }
+                          Tensor topk_ids, Tensor topk_weights) = 0;
   // out{T, D} = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])
   //             + shared(x[t]) when the experts were loaded with shared ones,
   // expert(x) = down(silu(gate(x)) * up(x)), likewise shared(x).
@@ -360,7 +358,7 @@ class Backend {
   // may instead be formed inside the kernels and left unwritten).
   virtual void moe_route_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& logits,
                                  const Tensor& bias, const RouterParams& p, Tensor topk_ids, Tensor topk_weights,
-                                 Tensor out, const PendingNorm* pending = nullptr);
+                                 Tensor out, const PendingNorm* pending = nullptr) = 0;
 
   // ids{R} I32 = argmax of each row of logits{R, V} F32, the lowest index on
   // ties (the host sampler's greedy rule): greedy steps copy only the ids.

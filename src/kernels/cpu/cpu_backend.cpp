@@ -394,6 +394,41 @@ class CpuBackend final : public Backend {
     cpu::moe_experts(x, experts, topk_ids, topk_weights, out);
   }
 
+  // The fused ops run as the compositions they stand for: the reference.
+  void rms_norm_linears(const Tensor& x, const Tensor& norm_w, float eps, Tensor residual,
+                        const std::vector<LinearTarget>& targets) override {
+    Backend::rms_norm_linears(x, norm_w, eps, residual, targets);
+  }
+  void silu_and_mul_linear(const Tensor& gate_up, const Weight& w, Tensor out) override {
+    Backend::silu_and_mul_linear(gate_up, w, out);
+  }
+  void head_bmm_linear(const Tensor& x, const Weight& w, bool transpose_w, const Weight& proj, Tensor out) override {
+    Backend::head_bmm_linear(x, w, transpose_w, proj, out);
+  }
+  void mla_prepare_q_b(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots, const Tensor& inv_freq,
+                       float cos_sin_scale, const Weight& q_b, Tensor q) override {
+    Backend::mla_prepare_q_b(p, positions, out_slots, inv_freq, cos_sin_scale, q_b, q);
+  }
+  bool mla_decode_chain(const MlaDecodeChain& chain, const DeviceBatch& batch, Tensor out) override {
+    return Backend::mla_decode_chain(chain, batch, out);
+  }
+  Tensor mla_chain_router_fold(const Weight& router, const Tensor& norm_weight, const Weight& o_proj) override {
+    return Backend::mla_chain_router_fold(router, norm_weight, o_proj);
+  }
+  void mla_attention_expanded_linear(const Tensor& q, const Tensor& kv, const Tensor& k_pe, const DeviceBatch& batch,
+                                     float scale, const Weight& w, Tensor out) override {
+    Backend::mla_attention_expanded_linear(q, kv, k_pe, batch, scale, w, out);
+  }
+  void moe_select(const Tensor& h, const Weight& router, const Tensor& bias, const RouterParams& p, Tensor topk_ids,
+                  Tensor topk_weights) override {
+    Backend::moe_select(h, router, bias, p, topk_ids, topk_weights);
+  }
+  void moe_route_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& logits, const Tensor& bias,
+                         const RouterParams& p, Tensor topk_ids, Tensor topk_weights, Tensor out,
+                         const PendingNorm* pending) override {
+    Backend::moe_route_experts(x, experts, logits, bias, p, topk_ids, topk_weights, out, pending);
+  }
+
   void argmax_rows(const Tensor& logits, Tensor ids) override {
     check_f32(logits, "argmax_rows", "logits");
     check_i32(ids, "argmax_rows", "ids");
