@@ -376,13 +376,24 @@ BENCHMARK(BM_Fp8Sm90Splits)
 // q_b {24576, 1536}: 64 x 256 tiles against 128 x 192 (one wave) across decode rows.
 BENCHMARK(BM_Fp8Sm90Splits)
     ->Apply([](benchmark::internal::Benchmark* b) {
-      for (int64_t m : {8, 16, 24, 32, 48, 64}) {
+      for (int64_t m : {8, 16, 24, 32, 40, 44, 48, 64}) {
         b->Args({m, 24576, 1536, 0, 0, 0, 0, 0});
         b->Args({m, 24576, 1536, 1, -1, 64, 0, 0});
         b->Args({m, 24576, 1536, 1, -1, 128, 192, 0});
       }
     })
     ->Name("BM_Fp8Sm90WideDecode")
+    ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+// What a split costs beside its bytes, at one row as decode runs it (bf16
+// rows quantized in the GEMM): a one-tile GEMM of 8 K blocks (the floor of
+// a launch, then of the partials and the sum kernel) and q_a + kv_a past
+// the plan's 8 splits.
+BENCHMARK(BM_Fp8Sm90Splits)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (int64_t splits : {1, 2, 4, 8}) b->Args({1, 256, 1024, splits, -1, 0, 0, 1});
+      for (int64_t splits : {4, 8, 12, 14, 16}) b->Args({1, 2112, 7168, splits, -1, 0, 0, 1});
+    })
+    ->Name("BM_Fp8Sm90SplitCost")
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
 // The two paths where they meet (32-128 rows, every V3 shape): the evidence
 // for Fp8Linear's row limits of the sm90 kernel (80: between 64-row and

@@ -531,6 +531,9 @@ BENCHMARK(BM_MlaDecode)
     ->ArgsProduct({{1, 4}, {512, 1024, 4096}, {0, 8, 16}, {16}, {-1}})
     // V3's 128 heads: 16-head blocks against 64-head wgmma blocks.
     ->ArgsProduct({{1, 64}, {4096, 8192}, {0}, {128}, {0, 1}})
+    // V3 at one token and short contexts (v3-slice's bs-1 step: 512): both
+    // kernels, the launcher's split count against fixed ones.
+    ->ArgsProduct({{1}, {512, 2048}, {0, 1, 2, 4, 16}, {128}, {0, 1}})
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_MlaDecodeFp8Cache)
     ->Args({1, 4096, 16, -1})->Args({1, 32768, 16, -1})->Args({64, 8192, 16, -1})->Args({128, 4096, 16, -1})
