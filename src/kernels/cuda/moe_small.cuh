@@ -151,9 +151,13 @@ struct Fp8Stacks {
   // to 174 and an SM from two blocks to one (v3-slice bs 1, H100: 1.87
   // against 1.84 ms a step).
   static constexpr bool kEarlyDownWeights = false;
-  // Nothing launches it early or posts logits for it: the decode chain runs
-  // at V2-Lite's widths.
-  static constexpr bool kEarlySharedGateUp = false;
+  // One token: the shared expert's blocks request their first weights while
+  // moe_select routes (it lets the MoE launch at its start). 96 -> 126
+  // registers, five blocks an SM to four, yet v3-slice bs 1 (H200, three
+  // rounds) 1.282 against 1.287 ms a step without the host round trip
+  // (within the spread with it: 1.299-1.313 against 1.302-1.305).
+  static constexpr bool kEarlySharedGateUp = true;
+  // Nothing posts logits for it: the decode chain runs at V2-Lite's widths.
   static constexpr bool kRoutesFromLogits = false;
   const uint8_t *gate_up, *down;
   const float *gate_up_scale_, *down_scale_;
