@@ -162,6 +162,11 @@ void dense_args(benchmark::internal::Benchmark* b) {
     for (auto [n, k] : kV3Shapes) b->Args({m, n, k});
 }
 
+// Graph replays a split-K case runs: a fixed count, since min_time counts
+// the manual time of one call (~10 us) while each iteration replays 16-64 of
+// them, which made a case cost ~1-5 s of device time.
+constexpr int kSplitsIterations = 200;
+
 // The sm90 kernel's split-K choice at decode rows: {m, n, k, splits,
 // cluster, block_m, block_n, bf16}, splits 0 = the plan's own, cluster,
 // block_m and block_n as Sm90GemmVariant's fp8_cluster_splits, fp8_block_m
@@ -372,7 +377,7 @@ BENCHMARK(BM_Fp8Sm90Splits)
             for (int64_t splits : {0, 1, 2, 3, 4}) b->Args({m, s[0], s[1], splits, -1, 0, 0, 1});
         }
     })
-    ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+    ->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(kSplitsIterations);
 // q_b {24576, 1536}: 64 x 256 tiles against 128 x 192 (one wave) across decode rows.
 BENCHMARK(BM_Fp8Sm90Splits)
     ->Apply([](benchmark::internal::Benchmark* b) {
@@ -383,7 +388,7 @@ BENCHMARK(BM_Fp8Sm90Splits)
       }
     })
     ->Name("BM_Fp8Sm90WideDecode")
-    ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+    ->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(kSplitsIterations);
 // What a split costs beside its bytes, at one row as decode runs it (bf16
 // rows quantized in the GEMM): a one-tile GEMM of 8 K blocks (the floor of
 // a launch, then of the partials and the sum kernel) and q_a + kv_a past
@@ -394,7 +399,7 @@ BENCHMARK(BM_Fp8Sm90Splits)
       for (int64_t splits : {4, 8, 12, 14, 16}) b->Args({1, 2112, 7168, splits, -1, 0, 0, 1});
     })
     ->Name("BM_Fp8Sm90SplitCost")
-    ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+    ->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(kSplitsIterations);
 // The two paths where they meet (32-128 rows, every V3 shape): the evidence
 // for Fp8Linear's row limits of the sm90 kernel (80: between 64-row and
 // 128-row tiles).
