@@ -293,10 +293,11 @@ __global__ void __launch_bounds__(kSmallGateUpWarps * 32) moe_small_gate_up_kern
   __shared__ BlockRoute s_route;
   extern __shared__ __align__(16) __nv_bfloat16 s_x[];  // {D}: x formed from a pending norm
   const int per_token = a.slots.per_token(), total = a.num_tokens * per_token;
-  // With one token (bf16 stacks) the shared slots come first (a rotation of
-  // the slots): their experts are known without the routing, so their blocks
-  // request the first round of weights before the wait, while the decode
-  // chain's last blocks finish (their SMs free as its blocks leave).
+  // With one token (Stacks::kEarlySharedGateUp) the shared slots come first
+  // (a rotation of the slots): their experts are known without the routing,
+  // so their blocks request the first round of weights before the wait,
+  // while the kernel before finishes (the decode chain's last blocks, or
+  // moe_select's routing).
   constexpr bool kEarlyShared = Stacks::kEarlySharedGateUp && kMaxTok == 1;
   const int slot0 = kEarlyShared ? (int(blockIdx.y) + a.slots.top_k) % total : int(blockIdx.y);
   const bool early = kEarlyShared && slot0 % per_token >= a.slots.top_k;
