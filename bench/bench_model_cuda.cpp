@@ -8,7 +8,7 @@
 //   bench_model_cuda --dir /tmp/v2lite [--preset v2-lite] [--layers N] [--dtype bf16|fp8]
 //                    [--batches 1,8,64|none] [--input 512] [--output 128] [--kv-cache-dtype auto|fp8_e4m3]
 //                    [--prefill 0|1|BxL,...] [--extend B,P,N] [--mixed D,C,P] [--mla-mode auto|absorbed|expanded]
-//                    [--chain-timeline FILE]
+//                    [--chain-timeline FILE] [--graph-kv N]
 // --prefill times B sequences of L tokens for each BxL given (1: 1x4096 and
 // 8x512, the default; 0: none);
 // --extend also times B sequences adding N new tokens to a P-token cached
@@ -16,7 +16,10 @@
 // decode rows at context C and then a P-token prompt; --mla-mode picks the
 // MLA form, auto by default; --chain-timeline writes the bs-1 decode chain
 // kernel's phase stamps (a build with -DMLASERVE_CHAIN_TIMELINE=ON;
-// scripts/device/chain_timeline.py reads them).
+// scripts/device/chain_timeline.py reads them); --graph-kv captures the
+// decode graphs for contexts up to N (default input + output): the engine
+// captures them at the model's context length, which changes the attention's
+// split plan at small batches.
 // With --dtype fp8 the checkpoint is block-FP8 and its weights stay FP8 on
 // the GPU (bytes counted at 1 per weight for the quantized projections)
 // unless MLASERVE_FP8=0 dequantizes them at load.
@@ -68,6 +71,7 @@ struct Args {
   int mixed_decode = 0, mixed_context = 0, mixed_prompt = 0;  // --mixed D,C,P (0: not timed)
   MlaMode mla_mode = MlaMode::Auto;
   std::string chain_timeline;  // written after the batch-1 decode runs (a timeline build's)
+  int graph_kv = 0;            // the decode graphs' longest context (0: input + output)
 };
 
 Args parse(int argc, char** argv) {
@@ -82,6 +86,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--output") a.output = std::stoi(v);
     else if (k == "--kv-cache-dtype") a.kv_cache_dtype = v;
     else if (k == "--chain-timeline") a.chain_timeline = v;
+    else if (k == "--graph-kv") a.graph_kv = std::stoi(v);
     else if (k == "--prefill") {
       a.prefills.clear();
       if (v == "1") a.prefills = kDefaultPrefills;
@@ -602,7 +607,7 @@ int run(const Args& a) {
     }
     DecodeGraphOptions opt;
     opt.batch_sizes = {B};
-    opt.max_kv_len = stride;
+    opt.max_kv_len = std::max(stride, a.graph_kv);
     opt.scratch_slot = slots - 1;
     auto graphs = make_decode_graph_runner(be, opt, [&](const ForwardBatch& b) { return model.forward(b, cache); });
     for (bool use_graph : {false, true}) {
