@@ -392,6 +392,10 @@ class OpTimingBackend final : public Backend {
                        const Weight& q_b, Tensor q) override {
     timed("mla_prepare_q_b", [&] { in_.mla_prepare_q_b(p, pos, slots, f, s, q_b, q); });
   }
+  void mla_prepare_head_bmm(const MlaPrepare& p, const Tensor& pos, const Tensor& slots, const Tensor& f, float s,
+                            const Tensor& x, const Weight& w, bool t, Tensor o) override {
+    timed("mla_prepare_head_bmm", [&] { in_.mla_prepare_head_bmm(p, pos, slots, f, s, x, w, t, o); });
+  }
   void head_bmm_linear(const Tensor& x, const Weight& w, bool t, const Weight& proj, Tensor o) override {
     timed("head_bmm_linear", [&] { in_.head_bmm_linear(x, w, t, proj, o); });
   }

@@ -53,6 +53,13 @@ void Backend::mla_prepare_q_b(const MlaPrepare& p, const Tensor& positions, cons
   linear(with_rows.q_a_out, q_b, q);
 }
 
+void Backend::mla_prepare_head_bmm(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots,
+                                   const Tensor& inv_freq, float cos_sin_scale, const Tensor& x, const Weight& w,
+                                   bool transpose_w, Tensor out) {
+  mla_prepare(p, positions, out_slots, inv_freq, cos_sin_scale);
+  head_bmm(x, w, transpose_w, out);
+}
+
 void Backend::mla_attention_expanded_linear(const Tensor& q, const Tensor& kv, const Tensor& k_pe,
                                             const DeviceBatch& batch, float scale, const Weight& w, Tensor out) {
   const int64_t T = q.dim(0), H = q.dim(1), Dv = kv.dim(2) - (q.dim(2) - k_pe.dim(1));

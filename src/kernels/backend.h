@@ -302,6 +302,14 @@ class Backend {
   // for a block-FP8 q_b inside the norm and writes no bf16 rows.
   virtual void mla_prepare_q_b(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots,
                                const Tensor& inv_freq, float cos_sin_scale, const Weight& q_b, Tensor q) = 0;
+  // mla_prepare(p, ...), then head_bmm(x, w, transpose_w, out): the absorbed
+  // attention's q rows, the roped q_pe (p's q split) and q_nope · W_UK, as one
+  // op. The CUDA backend ropes inside the product's launch when p holds only
+  // the q split (q_nope read in place) and the product streams block-FP8
+  // weights (decode).
+  virtual void mla_prepare_head_bmm(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots,
+                                    const Tensor& inv_freq, float cos_sin_scale, const Tensor& x, const Weight& w,
+                                    bool transpose_w, Tensor out) = 0;
 
   // Absorbed MLA (decode, or any batch): q{T, H, L + R} = [q_latent | q_pe]
   // in the layout of the cache rows; cache{S, L + R} holds [c_kv | k_pe] per

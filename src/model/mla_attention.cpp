@@ -110,13 +110,11 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
   // A q of exactly Nq columns is {T, H, Dn + R}: q_nope is read and q_pe roped in place.
   const bool q_alone = p.q.dim(-1) == Nq;
 
-  // The absorbed form's attention for the part's tokens, q_nope{Ta, H, Dn or
-  // wider} (its roped q_pe is already in q_cat's last R columns): the latent
-  // rows o_latent{Ta, H, L} that W_UV takes.
-  auto absorbed_latent = [&](const Tensor& q_nope, Tensor q_cat, const DeviceBatch& part) {
-    const int64_t Ta = q_cat.dim(0);
-    backend.head_bmm(q_nope, w.w_uk, /*transpose_w=*/w.w_uk_transposed(), q_cat);
-    Tensor o_latent = backend.alloc({Ta, H, L}, act);
+  // The absorbed form's attention for the part's tokens over q_cat{Ta, H, L +
+  // R} (q_nope · W_UK in its first L columns, the roped q_pe after): the
+  // latent rows o_latent{Ta, H, L} that W_UV takes.
+  auto attend_latent = [&](const Tensor& q_cat, const DeviceBatch& part) {
+    Tensor o_latent = backend.alloc({q_cat.dim(0), H, L}, act);
     backend.mla_attention_absorbed(q_cat, cache, part, ctx.softmax_scale, o_latent);
     return o_latent;
   };
@@ -145,9 +143,11 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
     if (!q_alone) p.q_nope_out = q_nope;
     p.q_pe_out = q_cat;
     p.q_pe_col = L;
-    prepare(p);
-    // W_UV's product feeds o_proj in one op (block-FP8 rows on CUDA).
-    backend.head_bmm_linear(absorbed_latent(q_nope, q_cat, batch), w.w_uv, /*transpose_w=*/true, w.o_proj, out);
+    // The q split and q_nope · W_UK in one op (one launch at decode on CUDA),
+    // W_UV's product feeding o_proj in another (block-FP8 rows on CUDA).
+    backend.mla_prepare_head_bmm(p, batch.positions, batch.out_slots, ctx.inv_freq, ctx.cos_sin_scale, q_nope, w.w_uk,
+                                 /*transpose_w=*/w.w_uk_transposed(), q_cat);
+    backend.head_bmm_linear(attend_latent(q_cat, batch), w.w_uv, /*transpose_w=*/true, w.o_proj, out);
   } else {
     // q{T, H, Dn + R} with q_pe roped.
     Tensor q = q_alone ? p.q.view({T, H, Dn + R}) : backend.alloc({T, H, Dn + R}, act);
@@ -162,7 +162,8 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
       Tensor q_cat = backend.alloc({Ta, H, L + R}, act);
       backend.copy_columns(q_a.view({Ta * H, Dn + R}), Dn, q_cat.view({Ta * H, L + R}), L, R);
       Tensor attn = backend.alloc({T, H, Dv}, act);
-      backend.head_bmm(absorbed_latent(q_a, q_cat, plan.absorbed_part), w.w_uv, /*transpose_w=*/true,
+      backend.head_bmm(q_a, w.w_uk, /*transpose_w=*/w.w_uk_transposed(), q_cat);
+      backend.head_bmm(attend_latent(q_cat, plan.absorbed_part), w.w_uv, /*transpose_w=*/true,
                        attn.slice_rows(0, Ta));
       const ExpandedKv e = expanded_kv(plan.expanded_part);
       backend.mla_attention_expanded(q.slice_rows(Ta, T), e.kv, e.k_pe, plan.expanded_part, ctx.softmax_scale,

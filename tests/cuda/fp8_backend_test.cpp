@@ -268,6 +268,52 @@ TEST_P(Fp8BackendFusedProducers, HeadBmmLinearEqualsTheOpsInTurn) {
 
 INSTANTIATE_TEST_SUITE_P(Rows, Fp8BackendFusedProducers, ::testing::Values(4, 64, 132));
 
+// The q split's rope inside W_UK's launch (Backend::mla_prepare_head_bmm:
+// one or two tokens take the streaming kernel with the rope; three the ops in
+// turn) against mla_prepare then head_bmm: the same bits in both column
+// ranges of q_cat, at YaRN-scaled cos / sin and positions past 2^16.
+class Fp8BackendQSplitInProduct : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(Fp8BackendQSplitInProduct, EqualsMlaPrepareThenHeadBmm) {
+  MLA_SKIP_WITHOUT_GPU();
+  const int64_t m = GetParam(), heads = 4, dn = 128, rope = 64, latent = 256;
+  std::mt19937 rng(uint32_t(m + 71));
+  HostFp8Weight uk = random_fp8_weight(heads * latent, dn, rng);
+  std::vector<uint16_t> q = random_activations(m, heads * (dn + rope), rng);
+  std::vector<int32_t> positions;
+  for (int32_t t = 0; t < int32_t(m); ++t) positions.push_back(70001 + 5 * t);
+  std::vector<float> inv_freq(size_t(rope / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * float(i) / float(rope));
+  CudaBackend backend;
+  backend.set_fp8_weights(true);
+  Weight w_uk = backend.load_weight(host_q(uk), host_scale(uk));
+  ASSERT_TRUE(w_uk.is_fp8());
+  w_uk.w = w_uk.w.view({heads, latent, dn});
+  const Tensor dq = upload_bf16(backend, q, {m, heads * (dn + rope)});
+  const Tensor dpos = backend.load_tensor(Tensor::wrap(positions.data(), {m}, DType::I32, Device::CPU));
+  const Tensor dfreq = backend.load_tensor(Tensor::wrap(inv_freq.data(), {rope / 2}, DType::F32, Device::CPU));
+  const Tensor q_nope = dq.view({m, heads, dn + rope});
+  MlaPrepare p;
+  p.q = dq;
+  p.nope_dim = dn;
+  p.q_pe_col = latent;
+  const Shape q_cat{m, heads, latent + rope};
+  Tensor fused = poisoned_output(backend, q_cat), ops = poisoned_output(backend, q_cat);
+  p.q_pe_out = fused;
+  backend.mla_prepare_head_bmm(p, dpos, Tensor(), dfreq, 1.25f, q_nope, w_uk, /*transpose_w=*/true, fused);
+  p.q_pe_out = ops;
+  backend.mla_prepare(p, dpos, Tensor(), dfreq, 1.25f);
+  backend.head_bmm(q_nope, w_uk, /*transpose_w=*/true, ops);
+  const Tensor a = backend.to_host(fused), b = backend.to_host(ops);
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const uint16_t va = a.data<uint16_t>()[i], vb = b.data<uint16_t>()[i];
+    ASSERT_NE(va, 0xffff) << "q_cat value " << i << " left unwritten";
+    ASSERT_EQ(va, vb) << "q_cat value " << i << " (rows of " << latent + rope << ")";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tokens, Fp8BackendQSplitInProduct, ::testing::Values(1, 2, 3));
+
 TEST(Fp8Backend, WeightsWithPartialKBlocksAreDequantized) {
   MLA_SKIP_WITHOUT_GPU();
   std::mt19937 rng(7);

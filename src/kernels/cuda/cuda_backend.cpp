@@ -711,7 +711,7 @@ void CudaBackend::gather_rows(const Tensor& cache, const Tensor& slots, Tensor o
                     W * int64_t(dtype_size(cache.dtype())), stream_);
 }
 
-void CudaBackend::head_bmm(const Tensor& x, const Weight& weight, bool transpose_w, Tensor out) {
+void CudaBackend::check_head_bmm(const Tensor& x, const Weight& weight, bool transpose_w, const Tensor& out) const {
   const Tensor& w = weight.w;
   const int64_t T = x.dim(0), H = x.dim(1), Kx = x.dim(2);
   const int64_t K = transpose_w ? w.dim(2) : w.dim(1), N = transpose_w ? w.dim(1) : w.dim(2);
@@ -719,6 +719,13 @@ void CudaBackend::head_bmm(const Tensor& x, const Weight& weight, bool transpose
                 out.dim(2) >= N,
             "head_bmm: x {} · w {} (transposed: {}) into {}", shape_str(x.shape()), shape_str(w.shape()),
             transpose_w, shape_str(out.shape()));
+}
+
+void CudaBackend::head_bmm(const Tensor& x, const Weight& weight, bool transpose_w, Tensor out) {
+  const Tensor& w = weight.w;
+  const int64_t T = x.dim(0), H = x.dim(1), Kx = x.dim(2);
+  const int64_t K = transpose_w ? w.dim(2) : w.dim(1), N = transpose_w ? w.dim(1) : w.dim(2);
+  check_head_bmm(x, weight, transpose_w, out);
   if (weight.is_fp8()) {
     MLA_CHECK(transpose_w, "head_bmm: FP8 w {} must be {{H, N, K}} (transpose_w)", shape_str(w.shape()));
     return head_bmm_fp8(x, weight, out);
@@ -742,11 +749,40 @@ void CudaBackend::check_head_bmm_fp8(const Tensor& x, const Weight& w) const {
             (H * N + 127) / 128, (K + 127) / 128);
 }
 
-void CudaBackend::head_bmm_fp8(const Tensor& x, const Weight& w, Tensor out) {
+void CudaBackend::head_bmm_fp8(const Tensor& x, const Weight& w, Tensor out, const HeadBmmFp8Rope* rope) {
   const int64_t T = x.dim(0), H = x.dim(1), Kx = x.dim(2), N = w.w.dim(1), K = w.w.dim(2);
   check_head_bmm_fp8(x, w);
   cuda::head_bmm_fp8(bf(x, "head_bmm", "x"), w.w.data<uint8_t>(), w.scale_inv.data<float>(), T, H, Kx, K, N,
-                     bf(out, "head_bmm", "out"), out.dim(2), stream_);
+                     bf(out, "head_bmm", "out"), out.dim(2), stream_,
+                     rope ? HeadBmmFp8Path::Stream : HeadBmmFp8Path::Auto, rope);
+}
+
+void CudaBackend::mla_prepare_head_bmm(const MlaPrepare& mp, const Tensor& positions, const Tensor& out_slots,
+                                       const Tensor& inv_freq, float cos_sin_scale, const Tensor& x, const Weight& w,
+                                       bool transpose_w, Tensor out) {
+  const MlaPrepareParams p = prepare_params(mp, positions, out_slots, inv_freq, cos_sin_scale, false);
+  // Only a q split with q_nope read in place rides in the product's launch,
+  // and only on the streaming FP8 kernel: one kernel boundary less a decode
+  // layer (the q split alone cost ~4.5 us of a bs-1 step's critical path,
+  // perf.md session 36).
+  const bool q_split_only = p.q_pe_out && !p.q_nope_out && !p.cache && !p.fp8_cache && !p.q_a;
+  if (!q_split_only || !w.is_fp8() || !transpose_w || p.num_heads != x.dim(1) ||
+      !head_bmm_fp8_streams(x.dim(0), w.w.dim(2))) {
+    Backend::mla_prepare_head_bmm(mp, positions, out_slots, inv_freq, cos_sin_scale, x, w, transpose_w, out);
+    return;
+  }
+  check_head_bmm(x, w, transpose_w, out);
+  HeadBmmFp8Rope rope;
+  rope.q = p.q;
+  rope.q_stride = p.q_stride;
+  rope.nope_dim = p.nope_dim;
+  rope.num_freqs = p.num_freqs;
+  rope.positions = p.positions;
+  rope.inv_freq = p.inv_freq;
+  rope.cos_sin_scale = p.cos_sin_scale;
+  rope.out = p.q_pe_out;
+  rope.out_width = p.q_pe_width;
+  head_bmm_fp8(x, w, out, &rope);
 }
 
 void CudaBackend::head_bmm_linear(const Tensor& x, const Weight& w, bool transpose_w, const Weight& proj,

@@ -23,6 +23,7 @@ namespace mlaserve::cuda {
 class Fp8Linear;
 struct MoeSelectWorkspace;
 struct MlaPrepareParams;
+struct HeadBmmFp8Rope;
 
 class CudaBackend final : public Backend {
  public:
@@ -63,6 +64,9 @@ class CudaBackend final : public Backend {
                    float cos_sin_scale) override;
   void mla_prepare_q_b(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots, const Tensor& inv_freq,
                        float cos_sin_scale, const Weight& q_b, Tensor q) override;
+  void mla_prepare_head_bmm(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots,
+                            const Tensor& inv_freq, float cos_sin_scale, const Tensor& x, const Weight& w,
+                            bool transpose_w, Tensor out) override;
   void mla_attention_absorbed(const Tensor& q, const Tensor& cache, const DeviceBatch& batch, float scale,
                               Tensor out) override;
   void mla_attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& k_pe, const DeviceBatch& batch,
@@ -145,8 +149,10 @@ class CudaBackend final : public Backend {
   // they cannot (moe_routes_in_kernels).
   bool run_moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids,
                        const Tensor& topk_weights, Tensor out, const MoeRouteParams* route);
-  // head_bmm's transposed product from block-FP8 w {H, N, K}.
-  void head_bmm_fp8(const Tensor& x, const Weight& w, Tensor out);
+  // head_bmm's transposed product from block-FP8 w {H, N, K}; with rope, the
+  // streaming kernel also writes mla_prepare's q split.
+  void head_bmm_fp8(const Tensor& x, const Weight& w, Tensor out, const HeadBmmFp8Rope* rope = nullptr);
+  void check_head_bmm(const Tensor& x, const Weight& w, bool transpose_w, const Tensor& out) const;
   void check_head_bmm_fp8(const Tensor& x, const Weight& w) const;
   // The stacks behind load_experts: E routed experts then the shared slices
   // (all of them keeps_fp8 for the FP8 stacks of fp8_moe.h).

@@ -6,6 +6,7 @@
 #include "kernels/cuda/fp8_common.cuh"
 #include "kernels/cuda/mma_sm80.cuh"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/rope_rotate.cuh"
 
 namespace mlaserve::cuda {
 namespace {
@@ -17,7 +18,24 @@ struct Args {
   __nv_bfloat16* out;
   int tokens, heads, n, k;
   int64_t x_stride, out_stride;  // per head
+  HeadBmmFp8Rope rope;           // out null: none
 };
+
+// The q split's pairs (HeadBmmFp8Rope), spread over the grid's threads: as
+// mla_prepare_kernel's rotate_pair on rope_cos_sin(positions[t], ...).
+__device__ void rope_q_split(const HeadBmmFp8Rope& r, int tokens, int heads) {
+  const int F = r.num_freqs;
+  const int64_t pairs = int64_t(tokens) * heads * F, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < pairs; i += stride) {
+    const int f = int(i % F), h = int(i / F % heads), t = int(i / F / heads);
+    const float2 cs = rope_cos_sin(float(r.positions[t]), r.inv_freq[f], r.cos_sin_scale);
+    const __nv_bfloat16* src = r.q + t * r.q_stride + int64_t(h) * (r.nope_dim + 2 * F) + r.nope_dim + 2 * f;
+    const __nv_bfloat162 v = rope_rotate(__bfloat162float(src[0]), __bfloat162float(src[1]), cs);
+    __nv_bfloat16* dst = r.out + (int64_t(t) * heads + h) * r.out_width + 2 * f;
+    dst[0] = v.x;
+    dst[1] = v.y;
+  }
+}
 
 // ---- streaming (decode) -----------------------------------------------------
 // kLanes = K / 16 lanes share a weight row (16 e4m3 bytes a lane, inside one
@@ -77,6 +95,9 @@ __global__ void __launch_bounds__(kStreamThreads) head_bmm_fp8_stream_kernel(Arg
       }
     }
   }
+  // After the product: its stores are the attention's critical path, the
+  // few pairs a thread ropes are not.
+  if (a.rope.out) rope_q_split(a.rope, a.tokens, a.heads);
 }
 
 // ---- tensor cores (larger batches) ------------------------------------------
@@ -234,6 +255,8 @@ __global__ void __launch_bounds__(kMmaThreads) head_bmm_fp8_mma_kernel(Args a, Q
 
 bool head_bmm_fp8_applies(int64_t k, int64_t n) { return k > 0 && k % 128 == 0 && n > 0 && n % 128 == 0; }
 
+bool head_bmm_fp8_streams(int64_t tokens, int64_t k) { return tokens <= kHeadBmmFp8StreamTokens && k <= 512; }
+
 namespace {
 
 void check_args(int64_t tokens, int64_t x_head_stride, int64_t k, int64_t n) {
@@ -254,17 +277,21 @@ void launch_mma(const Args& a, const QuantizedOut& qo, cudaStream_t stream) {
 
 void head_bmm_fp8(const __nv_bfloat16* x, const uint8_t* w, const float* w_scale, int64_t tokens, int64_t heads,
                   int64_t x_head_stride, int64_t k, int64_t n, __nv_bfloat16* out, int64_t out_head_stride,
-                  cudaStream_t stream, HeadBmmFp8Path path) {
+                  cudaStream_t stream, HeadBmmFp8Path path, const HeadBmmFp8Rope* rope) {
   check_args(tokens, x_head_stride, k, n);
   MLA_CUDA_REQUIRE(out_head_stride >= n && out_head_stride % 2 == 0,
                    "head_bmm_fp8: out rows of " + std::to_string(out_head_stride) + " (even, >= N)");
   if (tokens == 0 || heads == 0) return;
-  const bool streams = tokens <= kHeadBmmFp8StreamTokens && k <= 512;
+  const bool streams = head_bmm_fp8_streams(tokens, k);
   if (path == HeadBmmFp8Path::Auto) path = streams ? HeadBmmFp8Path::Stream : HeadBmmFp8Path::Mma;
   MLA_CUDA_REQUIRE(path == HeadBmmFp8Path::Mma || streams,
                    "head_bmm_fp8: the streaming kernel takes at most " + std::to_string(kHeadBmmFp8StreamTokens) +
                        " tokens and K <= 512");
-  const Args a{x, w, w_scale, out, int(tokens), int(heads), int(n), int(k), x_head_stride, out_head_stride};
+  MLA_CUDA_REQUIRE(!rope || (path == HeadBmmFp8Path::Stream && rope->q && rope->positions && rope->inv_freq &&
+                             rope->out && rope->num_freqs > 0),
+                   "head_bmm_fp8: the q split's rope rides in the streaming kernel only, with every pointer set");
+  Args a{x, w, w_scale, out, int(tokens), int(heads), int(n), int(k), x_head_stride, out_head_stride, {}};
+  if (rope) a.rope = *rope;
   if (path == HeadBmmFp8Path::Mma) {
     launch_mma<64, 64, false>(a, QuantizedOut{}, stream);
   } else {
@@ -291,7 +318,7 @@ void head_bmm_fp8_quantized(const __nv_bfloat16* x, const uint8_t* w, const floa
                    "head_bmm_fp8_quantized: N " + std::to_string(n) + " (must be 128) and scale_ld " +
                        std::to_string(scale_ld) + " >= " + std::to_string(tokens) + " tokens");
   if (tokens == 0 || heads == 0) return;
-  const Args a{x, w, w_scale, nullptr, int(tokens), int(heads), int(n), int(k), x_head_stride, 0};
+  const Args a{x, w, w_scale, nullptr, int(tokens), int(heads), int(n), int(k), x_head_stride, 0, {}};
   launch_mma<32, 128, true>(a, QuantizedOut{q, scale, scale_ld}, stream);
   check_launch("head_bmm_fp8_quantized");
 }

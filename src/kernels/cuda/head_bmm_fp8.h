@@ -30,9 +30,30 @@ enum class HeadBmmFp8Path { Auto, Stream, Mma };
 // True when the kernels take the shape: K and N multiples of 128.
 bool head_bmm_fp8_applies(int64_t k, int64_t n);
 
+// True when Auto picks the streaming kernel.
+bool head_bmm_fp8_streams(int64_t tokens, int64_t k);
+
+// mla_prepare's q split riding in the streaming kernel's launch (the
+// absorbed attention's q rows beside q_nope · W_UK): for each token t, head
+// h and frequency i, out[(t * heads + h) * out_width + 2i, + 1] = the pair
+// q[t * q_stride + h * (nope_dim + 2 * num_freqs) + nope_dim + 2i, + 1]
+// rotated at positions[t], the bits mla_prepare writes.
+struct HeadBmmFp8Rope {
+  const __nv_bfloat16* q = nullptr;
+  int64_t q_stride = 0;
+  int nope_dim = 0, num_freqs = 0;
+  const int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;
+  float cos_sin_scale = 1.0f;
+  __nv_bfloat16* out = nullptr;
+  int64_t out_width = 0;
+};
+
+// rope (streaming kernel only): also writes the q split's pairs.
 void head_bmm_fp8(const __nv_bfloat16* x, const uint8_t* w, const float* w_scale, int64_t tokens, int64_t heads,
                   int64_t x_head_stride, int64_t k, int64_t n, __nv_bfloat16* out, int64_t out_head_stride,
-                  cudaStream_t stream, HeadBmmFp8Path path = HeadBmmFp8Path::Auto);
+                  cudaStream_t stream, HeadBmmFp8Path path = HeadBmmFp8Path::Auto,
+                  const HeadBmmFp8Rope* rope = nullptr);
 
 // The tensor-core product for N = 128 with its rows quantized 1x128 for a
 // block-FP8 linear over {T, H * 128} (fp8_quant.h's layout: q{T, H * 128},
