@@ -424,6 +424,10 @@ class OpTimingBackend final : public Backend {
                   Tensor w) override {
     timed("moe_select", [&] { in_.moe_select(h, r, b, p, i, w); });
   }
+  void rms_norm_moe_select(const ResidualNorm& n, Tensor o, const Weight& r, const Tensor& b, const RouterParams& p,
+                           Tensor i, Tensor w) override {
+    timed("rms_norm_moe_select", [&] { in_.rms_norm_moe_select(n, o, r, b, p, i, w); });
+  }
   void moe_experts(const Tensor& x, const ExpertWeights& e, const Tensor& i, const Tensor& w, Tensor o) override {
     timed("moe_experts", [&] { in_.moe_experts(x, e, i, w, o); });
   }

@@ -16,6 +16,12 @@ void Backend::moe_select(const Tensor& h, const Weight& router, const Tensor& bi
   moe_route(logits, bias, p, topk_ids, topk_weights);
 }
 
+void Backend::rms_norm_moe_select(const ResidualNorm& in, Tensor normed, const Weight& router, const Tensor& bias,
+                                  const RouterParams& p, Tensor topk_ids, Tensor topk_weights) {
+  rms_norm(in.x, in.norm_weight, in.eps, normed, in.residual);
+  moe_select(normed, router, bias, p, topk_ids, topk_weights);
+}
+
 void Backend::moe_route_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& logits,
                                 const Tensor& bias, const RouterParams& p, Tensor topk_ids, Tensor topk_weights,
                                 Tensor out, const PendingNorm* pending) {

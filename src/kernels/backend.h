@@ -353,6 +353,12 @@ class Backend {
   // CPU reference); CUDA fuses them into one launch for decode-sized T.
   virtual void moe_select(const Tensor& h, const Weight& router, const Tensor& bias, const RouterParams& p,
                           Tensor topk_ids, Tensor topk_weights) = 0;
+  // rms_norm(in.x, in.norm_weight, in.eps, normed, in.residual), then
+  // moe_select(normed, router, bias, p, topk_ids, topk_weights): a MoE
+  // layer's start where no decode chain formed it. CUDA forms the norm inside
+  // moe_select's launch for decode-sized T.
+  virtual void rms_norm_moe_select(const ResidualNorm& in, Tensor normed, const Weight& router, const Tensor& bias,
+                                   const RouterParams& p, Tensor topk_ids, Tensor topk_weights) = 0;
   // out{T, D} = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])
   //             + shared(x[t]) when the experts were loaded with shared ones,
   // expert(x) = down(silu(gate(x)) * up(x)), likewise shared(x).

@@ -84,9 +84,9 @@ void DeepseekModel::run_block(const DecoderLayerWeights& w, const DeviceBatch& b
       backend_.moe_route_experts(normed, moe.experts, tail.logits, moe.score_correction_bias, moe.routing, topk_ids,
                                  topk_weights, mlp_out, pending.parts.defined() ? &pending : nullptr);
     } else {
-      backend_.rms_norm(attn_out, w.post_attention_layernorm, eps, normed, residual);
-      backend_.moe_select(normed, moe.router, moe.score_correction_bias, moe.routing, topk_ids,
-                          topk_weights);  // router logits + top-k
+      // The norm, the router's logits and the top-k (one launch at decode on CUDA).
+      backend_.rms_norm_moe_select(ResidualNorm{attn_out, residual, w.post_attention_layernorm, eps}, normed,
+                                   moe.router, moe.score_correction_bias, moe.routing, topk_ids, topk_weights);
       backend_.moe_experts(normed, moe.experts, topk_ids, topk_weights, mlp_out);
     }
   } else {

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <random>
 
@@ -88,6 +89,43 @@ TEST_P(MoeSelect, MatchesCpuLinearThenRoute) {
     std::printf("[moe_select] %-12s T=%-2lld E=%-3lld D=%-4lld ids equal, weights max rel %.2e\n", c.name,
                 (long long)T, (long long)E, (long long)D, max_rel);
     EXPECT_LT(max_rel, 1e-4) << c.name << " T=" << T;
+  }
+}
+
+// rms_norm_moe_select (the post-attention norm inside moe_select's launch
+// for one token of 2048 to 8192 columns, the ops in turn elsewhere) against
+// rms_norm then moe_select on the same backend: the norm sums as rms_norm
+// does and the logits as moe_select does, so normed, the residual, the ids
+// and the weights are the same bits.
+TEST_P(MoeSelect, NormInTheLaunchEqualsTheOpsInTurn) {
+  if (!gpu_) return;
+  const SelectCase c = GetParam();
+  const int64_t D = c.hidden, E = c.experts, k = c.routing.top_k;
+  const Weight router{random({E, D}, 0.1f).second, Tensor()};
+  const Tensor norm_w = random({D}, 1.0f).second;
+  Tensor bias;
+  if (c.bias) {
+    Tensor b = Tensor::empty({E}, DType::F32);
+    std::normal_distribution<float> nd(0.0f, 0.5f);
+    for (int64_t e = 0; e < E; ++e) b.data<float>()[e] = nd(rng_);
+    bias = gpu_->load_tensor(b);
+  }
+  auto bits_equal = [](const Tensor& a, const Tensor& b) {
+    return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+  };
+  for (int64_t T : {1, 2, 1, 12}) {  // 2, 12: the ops in turn on both sides
+    const Tensor x = random({T, D}, 2.0f).second, res0 = gpu_->to_host(random({T, D}, 4.0f).second);
+    Tensor res_a = gpu_->load_tensor(res0), res_b = gpu_->load_tensor(res0);
+    Tensor normed_a = gpu_->alloc({T, D}, DType::BF16), normed_b = gpu_->alloc({T, D}, DType::BF16);
+    Tensor ids_a = gpu_->alloc({T, k}, DType::I32), w_a = gpu_->alloc({T, k}, DType::F32);
+    Tensor ids_b = gpu_->alloc({T, k}, DType::I32), w_b = gpu_->alloc({T, k}, DType::F32);
+    gpu_->rms_norm_moe_select(ResidualNorm{x, res_a, norm_w, 1e-6f}, normed_a, router, bias, c.routing, ids_a, w_a);
+    gpu_->rms_norm(x, norm_w, 1e-6f, normed_b, res_b);
+    gpu_->moe_select(normed_b, router, bias, c.routing, ids_b, w_b);
+    EXPECT_TRUE(bits_equal(gpu_->to_host(res_a), gpu_->to_host(res_b))) << c.name << " T=" << T << " residual";
+    EXPECT_TRUE(bits_equal(gpu_->to_host(normed_a), gpu_->to_host(normed_b))) << c.name << " T=" << T << " normed";
+    EXPECT_TRUE(bits_equal(gpu_->to_host(ids_a), gpu_->to_host(ids_b))) << c.name << " T=" << T << " ids";
+    EXPECT_TRUE(bits_equal(gpu_->to_host(w_a), gpu_->to_host(w_b))) << c.name << " T=" << T << " weights";
   }
 }
 

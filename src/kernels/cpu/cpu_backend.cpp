@@ -428,6 +428,10 @@ class CpuBackend final : public Backend {
                   Tensor topk_weights) override {
     Backend::moe_select(h, router, bias, p, topk_ids, topk_weights);
   }
+  void rms_norm_moe_select(const ResidualNorm& in, Tensor normed, const Weight& router, const Tensor& bias,
+                           const RouterParams& p, Tensor topk_ids, Tensor topk_weights) override {
+    Backend::rms_norm_moe_select(in, normed, router, bias, p, topk_ids, topk_weights);
+  }
   void moe_route_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& logits, const Tensor& bias,
                          const RouterParams& p, Tensor topk_ids, Tensor topk_weights, Tensor out,
                          const PendingNorm* pending) override {

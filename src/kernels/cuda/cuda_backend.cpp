@@ -1119,6 +1119,30 @@ void CudaBackend::moe_select(const Tensor& h, const Weight& router, const Tensor
   cuda::moe_select(h.data<__nv_bfloat16>(), router.w.data<__nv_bfloat16>(), D, p, *moe_select_ws_, stream_);
 }
 
+void CudaBackend::rms_norm_moe_select(const ResidualNorm& in, Tensor normed, const Weight& router, const Tensor& bias,
+                                      const RouterParams& rp, Tensor topk_ids, Tensor topk_weights) {
+  const int64_t T = row_count(in.x), E = router.out_features(), D = router.in_features();
+  MLA_CHECK(in.x.dim(-1) == D && normed.shape() == in.x.shape() && in.norm_weight.numel() == D &&
+                (!in.residual.defined() || in.residual.shape() == in.x.shape()),
+            "rms_norm_moe_select: x {}, residual {}, norm weight {}, normed {} for router {}", shape_str(in.x.shape()),
+            shape_str(in.residual.shape()), shape_str(in.norm_weight.shape()), shape_str(normed.shape()),
+            shape_str(router.w.shape()));
+  MoeSelectNorm n;
+  if (in.residual.defined() && !router.is_fp8() && router.w.dtype() == DType::BF16) {
+    n.x = bf(in.x, "rms_norm_moe_select", "x");
+    n.residual = bf(in.residual, "rms_norm_moe_select", "residual");
+    n.weight = as_bf16(in.norm_weight, "rms_norm_moe_select");
+    n.eps = in.eps;
+    n.normed = bf(normed, "rms_norm_moe_select", "normed");
+  }
+  if (!n.x || !rms_norm_moe_select_applies(n, router.w.data<__nv_bfloat16>(), T, E, D)) {
+    Backend::rms_norm_moe_select(in, normed, router, bias, rp, topk_ids, topk_weights);
+    return;
+  }
+  const MoeRouteParams p = route_params(bias, rp, T, E, topk_ids, topk_weights, "rms_norm_moe_select");
+  cuda::rms_norm_moe_select(n, router.w.data<__nv_bfloat16>(), D, p, *moe_select_ws_, stream_);
+}
+
 void CudaBackend::moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids,
                               const Tensor& topk_weights, Tensor out) {
   run_moe_experts(x, experts, topk_ids, topk_weights, out, nullptr);

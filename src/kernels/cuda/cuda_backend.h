@@ -79,6 +79,8 @@ class CudaBackend final : public Backend {
                  Tensor topk_weights) override;
   void moe_select(const Tensor& h, const Weight& router, const Tensor& bias, const RouterParams& p,
                   Tensor topk_ids, Tensor topk_weights) override;
+  void rms_norm_moe_select(const ResidualNorm& in, Tensor normed, const Weight& router, const Tensor& bias,
+                           const RouterParams& p, Tensor topk_ids, Tensor topk_weights) override;
   void moe_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& topk_ids, const Tensor& topk_weights,
                    Tensor out) override;
   void moe_route_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& logits, const Tensor& bias,

@@ -39,4 +39,25 @@ bool moe_select_applies(const __nv_bfloat16* h, const __nv_bfloat16* w, int64_t 
 void moe_select(const __nv_bfloat16* h, const __nv_bfloat16* w, int64_t hidden, MoeRouteParams p,
                 MoeSelectWorkspace& ws, cudaStream_t stream);
 
+// rms_norm's post-attention norm formed in moe_select's launch
+// (Backend::rms_norm_moe_select): residual{T, hidden} += x, normed =
+// rmsnorm(residual) * weight, the bits rms_norm writes; then moe_select over
+// normed. One launch instead of two at batch 1 (a kernel boundary on the
+// critical path of every MoE layer that has no decode chain).
+struct MoeSelectNorm {
+  const __nv_bfloat16* x = nullptr;
+  __nv_bfloat16* residual = nullptr;
+  const __nv_bfloat16* weight = nullptr;  // {hidden}
+  float eps = 1e-6f;
+  __nv_bfloat16* normed = nullptr;
+};
+
+// moe_select_applies, one token, every row of n set and aligned, and 2048
+// <= hidden <= 8192 (the row held in registers, summed as rms_norm sums it).
+bool rms_norm_moe_select_applies(const MoeSelectNorm& n, const __nv_bfloat16* w, int64_t tokens, int64_t experts,
+                                 int64_t hidden);
+
+void rms_norm_moe_select(const MoeSelectNorm& n, const __nv_bfloat16* w, int64_t hidden, MoeRouteParams p,
+                         MoeSelectWorkspace& ws, cudaStream_t stream);
+
 }  // namespace mlaserve::cuda
