@@ -392,6 +392,12 @@ class OpTimingBackend final : public Backend {
                        const Weight& q_b, Tensor q) override {
     timed("mla_prepare_q_b", [&] { in_.mla_prepare_q_b(p, pos, slots, f, s, q_b, q); });
   }
+  void rms_norm_linear_mla_prepare_q_b(const ResidualNorm& n, const Weight& w, const MlaPrepare& p, const Tensor& pos,
+                                       const Tensor& slots, const Tensor& f, float s, const Weight& q_b,
+                                       Tensor q) override {
+    timed("rms_norm_linear_mla_prepare_q_b",
+          [&] { in_.rms_norm_linear_mla_prepare_q_b(n, w, p, pos, slots, f, s, q_b, q); });
+  }
   void mla_prepare_head_bmm(const MlaPrepare& p, const Tensor& pos, const Tensor& slots, const Tensor& f, float s,
                             const Tensor& x, const Weight& w, bool t, Tensor o) override {
     timed("mla_prepare_head_bmm", [&] { in_.mla_prepare_head_bmm(p, pos, slots, f, s, x, w, t, o); });

@@ -59,6 +59,17 @@ void Backend::mla_prepare_q_b(const MlaPrepare& p, const Tensor& positions, cons
   linear(with_rows.q_a_out, q_b, q);
 }
 
+void Backend::rms_norm_linear_mla_prepare_q_b(const ResidualNorm& in, const Weight& w, const MlaPrepare& p,
+                                              const Tensor& positions, const Tensor& out_slots,
+                                              const Tensor& inv_freq, float cos_sin_scale, const Weight& q_b,
+                                              Tensor q) {
+  MLA_CHECK(!p.q_a.defined() && !p.kv.defined(), "rms_norm_linear_mla_prepare_q_b: q_a and kv are the op's own");
+  MlaPrepare with = p;
+  with.q_a = with.kv = alloc({in.x.dim(0), w.out_features()}, act_dtype());
+  rms_norm_linears(in.x, in.norm_weight, in.eps, in.residual, {LinearTarget{&w, with.q_a}});
+  mla_prepare_q_b(with, positions, out_slots, inv_freq, cos_sin_scale, q_b, q);
+}
+
 void Backend::mla_prepare_head_bmm(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots,
                                    const Tensor& inv_freq, float cos_sin_scale, const Tensor& x, const Weight& w,
                                    bool transpose_w, Tensor out) {

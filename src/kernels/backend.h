@@ -302,6 +302,16 @@ class Backend {
   // for a block-FP8 q_b inside the norm and writes no bf16 rows.
   virtual void mla_prepare_q_b(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots,
                                const Tensor& inv_freq, float cos_sin_scale, const Weight& q_b, Tensor q) = 0;
+  // The MLA block's start with a q_lora and a fused q_a / kv_a projection w:
+  // rms_norm_linears(in.x, in.norm_weight, in.eps, in.residual, {w into
+  // qkv{T, w.out_features()}}), then mla_prepare_q_b(p, ...) with p.q_a =
+  // p.kv = qkv (p.q_a and p.kv left undefined by the caller, p.kv_col where
+  // kv starts). The CUDA backend adds the projection's split-K partials inside
+  // the prepare's launch at decode (no sum kernel).
+  virtual void rms_norm_linear_mla_prepare_q_b(const ResidualNorm& in, const Weight& w, const MlaPrepare& p,
+                                               const Tensor& positions, const Tensor& out_slots,
+                                               const Tensor& inv_freq, float cos_sin_scale, const Weight& q_b,
+                                               Tensor q) = 0;
   // mla_prepare(p, ...), then head_bmm(x, w, transpose_w, out): the absorbed
   // attention's q rows, the roped q_pe (p's q split) and q_nope · W_UK, as one
   // op. The CUDA backend ropes inside the product's launch when p holds only

@@ -77,35 +77,50 @@ bool mla_attention(Backend& backend, const MlaContext& ctx, const MlaWeights& w,
   p.kv_norm = w.kv_a_layernorm;
   p.cache = cache;
   p.eps = kLatentNormEps;
-  Tensor q_or_q_a;
-  if (w.fused_qkv_a_proj) {
-    const int64_t width = w.fused_qkv_a_proj->out_features();
-    Tensor fused = backend.alloc({T, width}, act);
-    project({LinearTarget{&*w.fused_qkv_a_proj, fused}});
-    q_or_q_a = fused;
-    p.kv = fused;
-    p.kv_col = width - (L + R);
-  } else {
-    const Weight& q_first = w.q_proj ? *w.q_proj : *w.q_a_proj;
-    q_or_q_a = backend.alloc({T, q_first.out_features()}, act);
-    p.kv = backend.alloc({T, L + R}, act);
-    project({LinearTarget{&q_first, q_or_q_a}, LinearTarget{&*w.kv_a_proj_with_mqa, p.kv}});
-  }
-
   // q's source for the q split: q_proj's columns, or q_b_proj(q_a_layernorm(q_a))
   // with the latent write and the q_a norm done first in one op, the norm
   // feeding q_b_proj directly.
-  if (c.q_lora_rank) {
-    p.q_a = q_or_q_a;
+  auto q_from_q_b = [&]() {
     p.q_a_norm = w.q_a_layernorm;
-    Tensor q = backend.alloc({T, Nq}, act);
-    backend.mla_prepare_q_b(p, batch.positions, batch.out_slots, ctx.inv_freq, ctx.cos_sin_scale, *w.q_b_proj, q);
+    return backend.alloc({T, Nq}, act);
+  };
+  Tensor q;
+  if (w.fused_qkv_a_proj && c.q_lora_rank && norm_head) {
+    // The input norm, the fused projection, the latent write, the q_a norm
+    // and q_b as one op (the projection's split-K sum inside the prepare's
+    // launch at decode on CUDA).
+    p.kv_col = w.fused_qkv_a_proj->out_features() - (L + R);
+    q = q_from_q_b();
+    backend.rms_norm_linear_mla_prepare_q_b(*norm_head, *w.fused_qkv_a_proj, p, batch.positions, batch.out_slots,
+                                            ctx.inv_freq, ctx.cos_sin_scale, *w.q_b_proj, q);
+  } else {
+    Tensor q_or_q_a;
+    if (w.fused_qkv_a_proj) {
+      const int64_t width = w.fused_qkv_a_proj->out_features();
+      Tensor fused = backend.alloc({T, width}, act);
+      project({LinearTarget{&*w.fused_qkv_a_proj, fused}});
+      q_or_q_a = fused;
+      p.kv = fused;
+      p.kv_col = width - (L + R);
+    } else {
+      const Weight& q_first = w.q_proj ? *w.q_proj : *w.q_a_proj;
+      q_or_q_a = backend.alloc({T, q_first.out_features()}, act);
+      p.kv = backend.alloc({T, L + R}, act);
+      project({LinearTarget{&q_first, q_or_q_a}, LinearTarget{&*w.kv_a_proj_with_mqa, p.kv}});
+    }
+    if (c.q_lora_rank) {
+      p.q_a = q_or_q_a;
+      q = q_from_q_b();
+      backend.mla_prepare_q_b(p, batch.positions, batch.out_slots, ctx.inv_freq, ctx.cos_sin_scale, *w.q_b_proj, q);
+    } else {
+      q = q_or_q_a;
+    }
+  }
+  if (c.q_lora_rank) {
     p = MlaPrepare{};
     p.eps = kLatentNormEps;
-    p.q = q;
-  } else {
-    p.q = q_or_q_a;
   }
+  p.q = q;
   p.nope_dim = Dn;
   // A q of exactly Nq columns is {T, H, Dn + R}: q_nope is read and q_pe roped in place.
   const bool q_alone = p.q.dim(-1) == Nq;

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -313,6 +314,82 @@ TEST_P(Fp8BackendQSplitInProduct, EqualsMlaPrepareThenHeadBmm) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokens, Fp8BackendQSplitInProduct, ::testing::Values(1, 2, 3));
+
+// The input norm, the fused q_a / kv_a projection and mla_prepare_q_b as one
+// op (at decode the projection's split-K partials are added inside the
+// prepare's launch) against the ops in turn on the same backend, at V3's
+// widths (hidden 7168, q_a 1536, latent 512 + 64): the same residual, latent
+// rows and q, bit for bit. 16 tokens take the ops in turn on both sides.
+class Fp8BackendProjectionSumInPrepare : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(Fp8BackendProjectionSumInPrepare, EqualsTheOpsInTurn) {
+  MLA_SKIP_WITHOUT_GPU();
+  const int64_t m = GetParam(), hidden = 7168, q_rank = 1536, latent = 512, rope = 64, n = 768, slots = m + 3;
+  const int64_t width = q_rank + latent + rope;
+  std::mt19937 rng(uint32_t(m + 97));
+  HostFp8Weight qkv = random_fp8_weight(width, hidden, rng), qb = random_fp8_weight(n, q_rank, rng);
+  std::vector<uint16_t> x = random_activations(m, hidden, rng), residual = random_activations(m, hidden, rng);
+  std::vector<uint16_t> norm = random_activations(1, hidden, rng), q_norm = random_activations(1, q_rank, rng),
+                        kv_norm = random_activations(1, latent, rng);
+  std::vector<int32_t> positions, out_slots;
+  for (int32_t t = 0; t < int32_t(m); ++t) {
+    positions.push_back(5 * t + 2);
+    out_slots.push_back(t + 1);
+  }
+  std::vector<float> inv_freq(size_t(rope / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * float(i) / float(rope));
+  CudaBackend backend;
+  backend.set_fp8_weights(true);
+  const Weight w_qkv = backend.load_weight(host_q(qkv), host_scale(qkv));
+  const Weight w_qb = backend.load_weight(host_q(qb), host_scale(qb));
+  ASSERT_TRUE(w_qkv.is_fp8() && w_qb.is_fp8());
+  if (m == 1 && sm90_gemm_supported()) {  // the fused path's premise at one token
+    Sm90Fp8GemmParams gp;
+    gp.m = 1;
+    gp.n = int(width);
+    gp.k = int(hidden);
+    EXPECT_GT(fp8_gemm_sm90_partial_splits(gp), 0) << "q_a + kv_a at one token no longer leaves split-K partials";
+  }
+  const Tensor dx = upload_bf16(backend, x, {m, hidden}), dnorm = upload_bf16(backend, norm, {hidden});
+  const Tensor dpos = backend.load_tensor(Tensor::wrap(positions.data(), {m}, DType::I32, Device::CPU));
+  const Tensor dslots = backend.load_tensor(Tensor::wrap(out_slots.data(), {m}, DType::I32, Device::CPU));
+  const Tensor dfreq = backend.load_tensor(Tensor::wrap(inv_freq.data(), {rope / 2}, DType::F32, Device::CPU));
+  MlaPrepare p;
+  p.q_a_norm = upload_bf16(backend, q_norm, {q_rank});
+  p.kv_col = q_rank;
+  p.kv_norm = upload_bf16(backend, kv_norm, {latent});
+  struct Run {
+    Tensor residual, cache, q;
+  };
+  auto run = [&](bool fused) {
+    Run r{upload_bf16(backend, residual, {m, hidden}), poisoned_output(backend, {slots, latent + rope}),
+          poisoned_output(backend, {m, n})};
+    MlaPrepare with = p;
+    with.cache = r.cache;
+    const ResidualNorm in{dx, r.residual, dnorm, 1e-6f};
+    if (fused)
+      backend.rms_norm_linear_mla_prepare_q_b(in, w_qkv, with, dpos, dslots, dfreq, 1.0f, w_qb, r.q);
+    else
+      backend.Backend::rms_norm_linear_mla_prepare_q_b(in, w_qkv, with, dpos, dslots, dfreq, 1.0f, w_qb, r.q);
+    return Run{backend.to_host(r.residual), backend.to_host(r.cache), backend.to_host(r.q)};
+  };
+  const Run a = run(true), b = run(false);
+  auto same_bits = [](const Tensor& u, const Tensor& v) {
+    return u.nbytes() == v.nbytes() && std::memcmp(u.raw(), v.raw(), u.nbytes()) == 0;
+  };
+  EXPECT_TRUE(same_bits(a.residual, b.residual)) << "residual";
+  for (int64_t t = 0; t < m; ++t) {
+    const size_t row = size_t(out_slots[size_t(t)] * (latent + rope));
+    const uint16_t* ra = a.cache.data<uint16_t>() + row;
+    ASSERT_TRUE(std::none_of(ra, ra + latent + rope, [](uint16_t v) { return v == 0xffff; })) << "latent row " << t;
+    ASSERT_TRUE(std::equal(ra, ra + latent + rope, b.cache.data<uint16_t>() + row)) << "latent row of token " << t;
+  }
+  const uint16_t* qa = a.q.data<uint16_t>();
+  ASSERT_TRUE(std::none_of(qa, qa + m * n, [](uint16_t v) { return v == 0xffff; })) << "q left unwritten";
+  EXPECT_TRUE(same_bits(a.q, b.q)) << "q";
+}
+
+INSTANTIATE_TEST_SUITE_P(Tokens, Fp8BackendProjectionSumInPrepare, ::testing::Values(1, 2, 16));
 
 TEST(Fp8Backend, WeightsWithPartialKBlocksAreDequantized) {
   MLA_SKIP_WITHOUT_GPU();

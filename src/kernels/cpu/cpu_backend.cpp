@@ -409,6 +409,11 @@ class CpuBackend final : public Backend {
                        float cos_sin_scale, const Weight& q_b, Tensor q) override {
     Backend::mla_prepare_q_b(p, positions, out_slots, inv_freq, cos_sin_scale, q_b, q);
   }
+  void rms_norm_linear_mla_prepare_q_b(const ResidualNorm& in, const Weight& w, const MlaPrepare& p,
+                                       const Tensor& positions, const Tensor& out_slots, const Tensor& inv_freq,
+                                       float cos_sin_scale, const Weight& q_b, Tensor q) override {
+    Backend::rms_norm_linear_mla_prepare_q_b(in, w, p, positions, out_slots, inv_freq, cos_sin_scale, q_b, q);
+  }
   void mla_prepare_head_bmm(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots,
                             const Tensor& inv_freq, float cos_sin_scale, const Tensor& x, const Weight& w,
                             bool transpose_w, Tensor out) override {

@@ -811,13 +811,64 @@ void CudaBackend::mla_prepare(const MlaPrepare& mp, const Tensor& positions, con
 
 void CudaBackend::mla_prepare_q_b(const MlaPrepare& mp, const Tensor& positions, const Tensor& out_slots,
                                   const Tensor& inv_freq, float cos_sin_scale, const Weight& q_b, Tensor q) {
+  prepare_q_b(mp, positions, out_slots, inv_freq, cos_sin_scale, q_b, q, ProjectionPartials{});
+}
+
+void CudaBackend::rms_norm_linear_mla_prepare_q_b(const ResidualNorm& in, const Weight& w, const MlaPrepare& mp,
+                                                  const Tensor& positions, const Tensor& out_slots,
+                                                  const Tensor& inv_freq, float cos_sin_scale, const Weight& q_b,
+                                                  Tensor q) {
+  const int64_t T = row_count(in.x), K = in.x.dim(-1), N = w.out_features();
+  // Decode rows, which the projection quantizes itself: where it splits K
+  // into f32 partials, the prepare adds them (one kernel boundary less a
+  // layer). Elsewhere the ops in turn.
+  if (T == 0 || !w.is_fp8() || w.in_features() != K || !fp8_linear_->quantizes_in_gemm(T, N, K) ||
+      mp.q_a.defined() || mp.kv.defined()) {
+    Backend::rms_norm_linear_mla_prepare_q_b(in, w, mp, positions, out_slots, inv_freq, cos_sin_scale, q_b, q);
+    return;
+  }
+  check_fp8_weight(w);
+  MlaPrepare with = mp;
+  with.q_a = with.kv = alloc({T, N}, act_dtype());
+  Tensor h = alloc(in.x.shape(), act_dtype());
+  rms_norm(in.x, in.norm_weight, in.eps, h, in.residual);
+  const size_t gemm_bytes = Fp8Linear::workspace_bytes(T, N, K);
+  Tensor work = alloc({int64_t(gemm_bytes)}, DType::U8);
+  ProjectionPartials parts;
+  fp8_linear_->run_bf16(bf(h, "rms_norm_linear_mla_prepare_q_b", "h"), K, w.w.data<uint8_t>(),
+                        w.scale_inv.data<float>(), T, N, K, bf(with.q_a, "rms_norm_linear_mla_prepare_q_b", "qkv"),
+                        gemm_bytes ? work.raw() : nullptr, stream_, &parts.splits);
+  if (parts.splits > 0) {
+    parts.data = work.data<float>();
+    parts.width = N;
+  }
+  prepare_q_b(with, positions, out_slots, inv_freq, cos_sin_scale, q_b, q, parts);
+}
+
+void CudaBackend::prepare_q_b(const MlaPrepare& mp, const Tensor& positions, const Tensor& out_slots,
+                              const Tensor& inv_freq, float cos_sin_scale, const Weight& q_b, Tensor q,
+                              const ProjectionPartials& parts) {
   const int64_t T = positions.numel(), Q = mp.q_a_norm.numel();
-  if (mp.q_a_out.defined() || !takes_fp8_rows({LinearTarget{&q_b, q}}, T, Q)) {
+  const bool rows_for_q_b = !mp.q_a_out.defined() && takes_fp8_rows({LinearTarget{&q_b, q}}, T, Q);
+  if (!rows_for_q_b && !parts.data) {
     Backend::mla_prepare_q_b(mp, positions, out_slots, inv_freq, cos_sin_scale, q_b, q);
     return;
   }
+  MlaPrepare with = mp;
+  if (!rows_for_q_b && !with.q_a_out.defined()) with.q_a_out = alloc({T, Q}, act_dtype());
+  MlaPrepareParams p = prepare_params(with, positions, out_slots, inv_freq, cos_sin_scale, rows_for_q_b);
+  if (parts.data) {
+    p.partials = parts.data;
+    p.splits = parts.splits;
+    p.partials_width = parts.width;
+    p.partials_kv_col = mp.kv_col;
+  }
+  if (!rows_for_q_b) {  // decode rows: q_b quantizes the bf16 rows itself
+    cuda::mla_prepare(p, stream_);
+    linear(with.q_a_out, q_b, q);
+    return;
+  }
   check_fp8_weight(q_b);
-  MlaPrepareParams p = prepare_params(mp, positions, out_slots, inv_freq, cos_sin_scale, true);
   auto [rows, work] = alloc_fp8_rows(T, Q);
   zero_padding_rows(rows, "mla_prepare_q_b");
   p.q_a_q = rows.q;

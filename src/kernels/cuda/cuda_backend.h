@@ -64,6 +64,9 @@ class CudaBackend final : public Backend {
                    float cos_sin_scale) override;
   void mla_prepare_q_b(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots, const Tensor& inv_freq,
                        float cos_sin_scale, const Weight& q_b, Tensor q) override;
+  void rms_norm_linear_mla_prepare_q_b(const ResidualNorm& in, const Weight& w, const MlaPrepare& p,
+                                       const Tensor& positions, const Tensor& out_slots, const Tensor& inv_freq,
+                                       float cos_sin_scale, const Weight& q_b, Tensor q) override;
   void mla_prepare_head_bmm(const MlaPrepare& p, const Tensor& positions, const Tensor& out_slots,
                             const Tensor& inv_freq, float cos_sin_scale, const Tensor& x, const Weight& w,
                             bool transpose_w, Tensor out) override;
@@ -143,6 +146,16 @@ class CudaBackend final : public Backend {
   bool takes_fp8_rows(const std::vector<LinearTarget>& targets, int64_t m, int64_t k) const;
   // linear_fp8's product from rows already quantized (w checked by the caller).
   void linear_fp8_rows(const Fp8Rows& x, const Weight& w, Tensor out);
+  // A projection's f32 split-K partials left for its consumer to add
+  // (Fp8Linear::run_bf16's deferred_splits): [(s * rows + row) * width + col].
+  struct ProjectionPartials {
+    const float* data = nullptr;
+    int splits = 0;
+    int64_t width = 0;
+  };
+  // mla_prepare_q_b, its q_a and kv added from parts where given.
+  void prepare_q_b(const MlaPrepare& mp, const Tensor& positions, const Tensor& out_slots, const Tensor& inv_freq,
+                   float cos_sin_scale, const Weight& q_b, Tensor q, const ProjectionPartials& parts);
   // mla_prepare's kernel arguments, checked (check_mla_prepare).
   MlaPrepareParams prepare_params(const MlaPrepare& mp, const Tensor& positions, const Tensor& out_slots,
                                   const Tensor& inv_freq, float cos_sin_scale, bool q_a_rows_elsewhere);

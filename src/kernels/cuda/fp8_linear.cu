@@ -120,11 +120,16 @@ bool Fp8Linear::quantizes_in_gemm(int64_t m, int64_t n, int64_t k, const Fp8Gemm
 }
 
 bool Fp8Linear::run_bf16(const __nv_bfloat16* x, int64_t x_ld, const uint8_t* w, const float* w_scale, int64_t m,
-                         int64_t n, int64_t k, __nv_bfloat16* out, void* workspace, cudaStream_t stream) {
+                         int64_t n, int64_t k, __nv_bfloat16* out, void* workspace, cudaStream_t stream,
+                         int* deferred_splits) {
   if (!quantizes_in_gemm(m, n, k)) return false;
   Sm90Fp8GemmParams p = sm90_params(nullptr, nullptr, fp8_act_scale_ld(m), w, w_scale, m, n, k, out, workspace);
   p.a_bf16 = x;
   p.a_bf16_ld = x_ld;
+  if (deferred_splits) {
+    *deferred_splits = fp8_gemm_sm90_partial_splits(p);
+    p.defer_split_sum = *deferred_splits > 0;
+  }
   fp8_gemm_sm90(p, stream);
   return true;
 }

@@ -70,8 +70,12 @@ class Fp8Linear {
   // (and does nothing) for other shapes and GPUs.
   static bool quantizes_in_gemm(int64_t m, int64_t n, int64_t k, const Fp8GemmDevice& device);
   bool quantizes_in_gemm(int64_t m, int64_t n, int64_t k) const { return quantizes_in_gemm(m, n, k, device_); }
+  // With deferred_splits, where the plan stores f32 split-K partials they
+  // stay in the workspace ([(s * m + row) * n + col]) for the consumer to
+  // add in split order, out is not written, and *deferred_splits says how
+  // many (else 0, and out is written).
   bool run_bf16(const __nv_bfloat16* x, int64_t x_ld, const uint8_t* w, const float* w_scale, int64_t m, int64_t n,
-                int64_t k, __nv_bfloat16* out, void* workspace, cudaStream_t stream);
+                int64_t k, __nv_bfloat16* out, void* workspace, cudaStream_t stream, int* deferred_splits = nullptr);
   void run_sm90(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w, const float* w_scale,
                 int64_t m, int64_t n, int64_t k, __nv_bfloat16* out, void* workspace, cudaStream_t stream);
   bool run_cublaslt(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w,

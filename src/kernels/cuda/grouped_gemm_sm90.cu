@@ -1735,7 +1735,7 @@ void run_fp8_gemm(const Sm90Fp8GemmParams& p, cudaStream_t stream) {
   g.k_splits = plan.k_splits;
   g.partials = plan.k_splits > 1 && !plan.cluster_splits ? static_cast<float*>(p.workspace) : nullptr;
   launch_dense_fp8(p, plan, g, (p.m + plan.block_m - 1) / plan.block_m, stream);
-  if (g.partials) {
+  if (g.partials && !p.defer_split_sum) {
     const int64_t count = int64_t(p.m) * p.n;
     const int blocks = int(std::min<int64_t>((count / 4 + 255) / 256, 4 * sm_count()));
     launch_dependent(split_k_sum_kernel, dim3(blocks), dim3(256), 0, stream, static_cast<const float*>(g.partials),
@@ -1793,6 +1793,12 @@ void fp8_moe_experts_sm90(const Sm90MoeParams& p, void* workspace, cudaStream_t 
 size_t fp8_gemm_sm90_workspace_bytes(const Sm90Fp8GemmParams& p) {
   if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.k % kFp8Group != 0) return 0;
   return plan_dense_fp8(p).workspace_bytes;
+}
+
+int fp8_gemm_sm90_partial_splits(const Sm90Fp8GemmParams& p) {
+  if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.k % kFp8Group != 0) return 0;
+  const DenseFp8Plan plan = plan_dense_fp8(p);
+  return plan.k_splits > 1 && !plan.cluster_splits ? plan.k_splits : 0;
 }
 
 std::string fp8_gemm_sm90_plan(const Sm90Fp8GemmParams& p) {

@@ -137,9 +137,16 @@ struct Sm90Fp8GemmParams {
   int64_t a_bf16_ld = 0;
   int m = 0, n = 0, k = 0;
   void* workspace = nullptr;  // fp8_gemm_sm90_workspace_bytes(): the split-K partial sums
+  // Where the plan stores f32 partials (fp8_gemm_sm90_partial_splits > 0):
+  // leave them in the workspace, at [(s * m + row) * n + col], for the
+  // consumer to add in split order (out is not written).
+  bool defer_split_sum = false;
   Sm90GemmVariant variant;
 };
 size_t fp8_gemm_sm90_workspace_bytes(const Sm90Fp8GemmParams& p);
+// The K splits whose f32 partials the plan stores in the workspace (then
+// adds with a sum kernel), or 0 (one split, or splits summed in clusters).
+int fp8_gemm_sm90_partial_splits(const Sm90Fp8GemmParams& p);
 void fp8_gemm_sm90(const Sm90Fp8GemmParams& p, cudaStream_t stream);
 // How fp8_gemm_sm90 runs p, e.g. "64x256, 4 splits in clusters" (benchmark labels).
 std::string fp8_gemm_sm90_plan(const Sm90Fp8GemmParams& p);

@@ -15,6 +15,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxFreqs = 256;
 constexpr int kMaxFp8Row = 1024;  // L + R of an FP8 cache row
+constexpr int kMaxSummedRow = 2048;  // q_a or L + R formed from split-K partials
 enum Part { kLatentWrite = 0, kQaNorm = 1, kQSplit = 2, kParts = 3 };
 
 // rms_norm_kernel's arithmetic (scalar accesses: the rows here are a few
@@ -67,12 +68,52 @@ __device__ __forceinline__ void rotate_pair(const __nv_bfloat16* src, const floa
   dst[2 * i + 1] = r.y;
 }
 
+// Token t's n projection values from column col: read in place, or
+// (p.partials) their split-K sum formed into row_s as split_k_sum_kernel
+// forms it (four columns a thread, eight splits' loads in flight at once).
+__device__ const __nv_bfloat16* projection_row(const MlaPrepareParams& p, const __nv_bfloat16* in_place,
+                                               int64_t stride, int64_t t, int64_t col, int n, __nv_bfloat16* row_s) {
+  if (!p.partials) return in_place + t * stride;
+  constexpr int kSplitsInFlight = 8;
+  const int64_t split_stride = int64_t(p.num_tokens) * p.partials_width;
+  for (int i = 4 * threadIdx.x; i < n; i += 4 * blockDim.x) {
+    const float* src = p.partials + t * p.partials_width + col + i;
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s0 = 0; s0 < p.splits; s0 += kSplitsInFlight) {
+      float4 v[kSplitsInFlight];
+#pragma unroll
+      for (int j = 0; j < kSplitsInFlight; ++j)
+        if (s0 + j < p.splits) v[j] = *reinterpret_cast<const float4*>(src + (s0 + j) * split_stride);
+#pragma unroll
+      for (int j = 0; j < kSplitsInFlight; ++j) {
+        if (s0 + j >= p.splits) break;
+        if (s0 + j == 0) {
+          sum = v[0];
+        } else {
+          sum.x += v[j].x;
+          sum.y += v[j].y;
+          sum.z += v[j].z;
+          sum.w += v[j].w;
+        }
+      }
+    }
+    row_s[i] = __float2bfloat16_rn(sum.x);
+    row_s[i + 1] = __float2bfloat16_rn(sum.y);
+    row_s[i + 2] = __float2bfloat16_rn(sum.z);
+    row_s[i + 3] = __float2bfloat16_rn(sum.w);
+  }
+  __syncthreads();
+  return row_s;
+}
+
 __global__ void __launch_bounds__(kThreads) mla_prepare_kernel(MlaPrepareParams p) {
   pdl_enter();  // everything it reads comes from the projection GEMM or the batch upload
   const int64_t t = blockIdx.x;
   const int part = blockIdx.y;
+  __shared__ __nv_bfloat16 summed_row[kMaxSummedRow];
   if (part == kQaNorm) {
-    const __nv_bfloat16* q_a = p.q_a + t * p.q_a_stride;
+    if (!p.q_a_out && !p.q_a_q) return;
+    const __nv_bfloat16* q_a = projection_row(p, p.q_a, p.q_a_stride, t, 0, p.q_a_dim, summed_row);
     if (p.q_a_out)
       norm_row(q_a, p.q_a_norm, p.q_a_dim, p.eps, p.q_a_out + t * p.q_a_dim);
     else if (p.q_a_q)
@@ -90,7 +131,8 @@ __global__ void __launch_bounds__(kThreads) mla_prepare_kernel(MlaPrepareParams 
   const int R = 2 * p.num_freqs;
 
   if (part == kLatentWrite) {
-    const __nv_bfloat16* src = p.kv + t * p.kv_stride;
+    const __nv_bfloat16* src =
+        projection_row(p, p.kv, p.kv_stride, t, p.partials_kv_col, p.latent_dim + 2 * p.num_freqs, summed_row);
     __shared__ __nv_bfloat16 fp8_row[kMaxFp8Row];  // the bf16 row an FP8 cache quantizes
     __nv_bfloat16* row = p.fp8_cache ? fp8_row : p.cache + int64_t(p.out_slots[t]) * (p.latent_dim + R);
     norm_row(src, p.kv_norm, p.latent_dim, p.eps, row);
@@ -130,6 +172,12 @@ void mla_prepare(const MlaPrepareParams& p, cudaStream_t stream) {
   MLA_CUDA_REQUIRE(!p.q_a_q || (p.q_a_dim % kFp8Group == 0 && p.q_a_scale_ld >= p.num_tokens),
                    "mla_prepare: quantized q_a rows of " + std::to_string(p.q_a_dim) +
                        " values (a multiple of 128) with scale_ld >= the token count");
+  MLA_CUDA_REQUIRE(!p.partials || (p.splits > 0 && p.q_a_dim <= kMaxSummedRow && p.q_a_dim % 4 == 0 &&
+                                    p.latent_dim + 2 * p.num_freqs <= kMaxSummedRow && p.latent_dim % 4 == 0 &&
+                                    p.partials_width % 4 == 0 && p.partials_kv_col % 4 == 0 &&
+                                    reinterpret_cast<uintptr_t>(p.partials) % 16 == 0),
+                   "mla_prepare: projection rows summed from split-K partials take at most " +
+                       std::to_string(kMaxSummedRow) + " values, in 16-byte aligned groups of four");
   if (p.num_tokens == 0 || !(p.cache || p.fp8_cache || p.q_a_out || p.q_a_q || p.q_pe_out)) return;
   launch_dependent(mla_prepare_kernel, dim3(unsigned(p.num_tokens), kParts), dim3(kThreads), 0, stream, p);
   check_launch("mla_prepare");

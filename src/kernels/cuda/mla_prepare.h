@@ -43,6 +43,15 @@ struct MlaPrepareParams {
   float* q_a_scale = nullptr;    // [Q / 128][q_a_scale_ld]
   int64_t q_a_scale_ld = 0;
 
+  // Or (partials set) q_a and kv are the fused projection's output with its
+  // split-K sum not yet formed (Fp8Linear::run_bf16's deferred_splits): row
+  // t's column c is bf16(the sum over s < splits, in order, of partials[(s *
+  // num_tokens + t) * partials_width + c]), the bits split_k_sum_kernel would
+  // write; q_a at column 0, kv at partials_kv_col. q_a and kv are unused.
+  const float* partials = nullptr;
+  int splits = 0;
+  int64_t partials_width = 0, partials_kv_col = 0;
+
   // q split: head h of token t at q + t * q_stride + h * (Dn + R).
   const __nv_bfloat16* q = nullptr;
   __nv_bfloat16* q_nope_out = nullptr;  // head h at + (t * H + h) * q_nope_width, or null
