@@ -63,6 +63,28 @@ Tensor poisoned_output(CudaBackend& backend, Shape shape) {
 
 std::vector<double> as_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
+// A batch's rope inputs on the device: token t at position first + step * t
+// writing slot slot0 + t (the slots also on the host), and the inverse
+// frequencies of a rope of width `rope` (base 10000).
+struct RopeBatch {
+  std::vector<int32_t> slots;
+  Tensor positions, out_slots, inv_freq;
+};
+RopeBatch rope_batch(CudaBackend& backend, int64_t m, int32_t first, int32_t step, int32_t slot0, int64_t rope) {
+  RopeBatch b;
+  std::vector<int32_t> positions;
+  for (int32_t t = 0; t < int32_t(m); ++t) {
+    positions.push_back(first + step * t);
+    b.slots.push_back(slot0 + t);
+  }
+  std::vector<float> inv_freq(size_t(rope / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * float(i) / float(rope));
+  b.positions = backend.load_tensor(Tensor::wrap(positions.data(), {m}, DType::I32, Device::CPU));
+  b.out_slots = backend.load_tensor(Tensor::wrap(b.slots.data(), {m}, DType::I32, Device::CPU));
+  b.inv_freq = backend.load_tensor(Tensor::wrap(inv_freq.data(), {rope / 2}, DType::F32, Device::CPU));
+  return b;
+}
+
 struct LinearCase {
   int64_t m, n, k;
 };
@@ -202,19 +224,12 @@ TEST_P(Fp8BackendFusedProducers, MlaPrepareQbEqualsTheOpsInTurn) {
   HostFp8Weight w = random_fp8_weight(n, q_rank, rng);
   std::vector<uint16_t> fused = random_activations(m, q_rank + latent + rope, rng);
   std::vector<uint16_t> q_norm = random_activations(1, q_rank, rng), kv_norm = random_activations(1, latent, rng);
-  std::vector<int32_t> positions, out_slots;
-  for (int32_t t = 0; t < int32_t(m); ++t) {
-    positions.push_back(3 * t + 1);
-    out_slots.push_back(t + 2);
-  }
-  std::vector<float> inv_freq(size_t(rope / 2));
-  for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * float(i) / float(rope));
   CudaBackend backend;
   backend.set_fp8_weights(true);
   const Weight q_b = backend.load_weight(host_q(w), host_scale(w));
-  const Tensor dpos = backend.load_tensor(Tensor::wrap(positions.data(), {m}, DType::I32, Device::CPU));
-  const Tensor dslots = backend.load_tensor(Tensor::wrap(out_slots.data(), {m}, DType::I32, Device::CPU));
-  const Tensor dfreq = backend.load_tensor(Tensor::wrap(inv_freq.data(), {rope / 2}, DType::F32, Device::CPU));
+  const RopeBatch rb = rope_batch(backend, m, 1, 3, 2, rope);
+  const std::vector<int32_t>& out_slots = rb.slots;
+  const Tensor &dpos = rb.positions, &dslots = rb.out_slots, &dfreq = rb.inv_freq;
   MlaPrepare p;
   p.q_a = upload_bf16(backend, fused, {m, q_rank + latent + rope});
   p.q_a_norm = upload_bf16(backend, q_norm, {q_rank});
@@ -281,18 +296,14 @@ TEST_P(Fp8BackendQSplitInProduct, EqualsMlaPrepareThenHeadBmm) {
   std::mt19937 rng(uint32_t(m + 71));
   HostFp8Weight uk = random_fp8_weight(heads * latent, dn, rng);
   std::vector<uint16_t> q = random_activations(m, heads * (dn + rope), rng);
-  std::vector<int32_t> positions;
-  for (int32_t t = 0; t < int32_t(m); ++t) positions.push_back(70001 + 5 * t);
-  std::vector<float> inv_freq(size_t(rope / 2));
-  for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * float(i) / float(rope));
   CudaBackend backend;
   backend.set_fp8_weights(true);
   Weight w_uk = backend.load_weight(host_q(uk), host_scale(uk));
   ASSERT_TRUE(w_uk.is_fp8());
   w_uk.w = w_uk.w.view({heads, latent, dn});
   const Tensor dq = upload_bf16(backend, q, {m, heads * (dn + rope)});
-  const Tensor dpos = backend.load_tensor(Tensor::wrap(positions.data(), {m}, DType::I32, Device::CPU));
-  const Tensor dfreq = backend.load_tensor(Tensor::wrap(inv_freq.data(), {rope / 2}, DType::F32, Device::CPU));
+  const RopeBatch rb = rope_batch(backend, m, 70001, 5, 0, rope);
+  const Tensor &dpos = rb.positions, &dfreq = rb.inv_freq;
   const Tensor q_nope = dq.view({m, heads, dn + rope});
   MlaPrepare p;
   p.q = dq;
@@ -331,13 +342,6 @@ TEST_P(Fp8BackendProjectionSumInPrepare, EqualsTheOpsInTurn) {
   std::vector<uint16_t> x = random_activations(m, hidden, rng), residual = random_activations(m, hidden, rng);
   std::vector<uint16_t> norm = random_activations(1, hidden, rng), q_norm = random_activations(1, q_rank, rng),
                         kv_norm = random_activations(1, latent, rng);
-  std::vector<int32_t> positions, out_slots;
-  for (int32_t t = 0; t < int32_t(m); ++t) {
-    positions.push_back(5 * t + 2);
-    out_slots.push_back(t + 1);
-  }
-  std::vector<float> inv_freq(size_t(rope / 2));
-  for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * float(i) / float(rope));
   CudaBackend backend;
   backend.set_fp8_weights(true);
   const Weight w_qkv = backend.load_weight(host_q(qkv), host_scale(qkv));
@@ -351,9 +355,9 @@ TEST_P(Fp8BackendProjectionSumInPrepare, EqualsTheOpsInTurn) {
     EXPECT_GT(fp8_gemm_sm90_partial_splits(gp), 0) << "q_a + kv_a at one token no longer leaves split-K partials";
   }
   const Tensor dx = upload_bf16(backend, x, {m, hidden}), dnorm = upload_bf16(backend, norm, {hidden});
-  const Tensor dpos = backend.load_tensor(Tensor::wrap(positions.data(), {m}, DType::I32, Device::CPU));
-  const Tensor dslots = backend.load_tensor(Tensor::wrap(out_slots.data(), {m}, DType::I32, Device::CPU));
-  const Tensor dfreq = backend.load_tensor(Tensor::wrap(inv_freq.data(), {rope / 2}, DType::F32, Device::CPU));
+  const RopeBatch rb = rope_batch(backend, m, 2, 5, 1, rope);
+  const std::vector<int32_t>& out_slots = rb.slots;
+  const Tensor &dpos = rb.positions, &dslots = rb.out_slots, &dfreq = rb.inv_freq;
   MlaPrepare p;
   p.q_a_norm = upload_bf16(backend, q_norm, {q_rank});
   p.kv_col = q_rank;
