@@ -30,8 +30,8 @@ constexpr int kMaxSplits = 64;
 // (One tile: a 1 x 640 call in a graph took 8.2 us at 20 splits vs 8.4 at 10,
 // but 8 x 640 took 11.5 us at 20 splits, more merge, where the previous kernel
 // took 9.7 at 10. Eager on the H200, 075cfab: 1 x 512 12.9 us at 16 splits vs
-// 14.4 at 8; 4 x 512 13.7 vs 14.9.)
-constexpr int kSmallBatchTokens = 4;
+// 14.4 at 8; 4 x 512 13.7 vs 14.9.) Hence split_min_rows and
+// kMlaSmallBatchTokens (mla_absorbed_rows.cuh).
 
 // c += a · b for one m16n8k16 tile of fp16 operands (the FP8 cache's latent
 // tile and the query / P fragments that meet it).
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) mla_absorbed_mma_ke
   const int split = blockIdx.x, h0 = blockIdx.y * kHeadsPerBlock, t = blockIdx.z;
   const int heads = min(kHeadsPerBlock, p.num_heads - h0);
   const TokenRange range = token_range(p, t);
-  const int chunk = split_chunk(range.attend, p.num_splits);
+  const int chunk = split_chunk(range.attend, p.num_splits, split_min_rows(p.num_tokens, kBlockN));
   const int begin = split * chunk, end = min(begin + chunk, range.attend);
 
   if (begin >= end) {  // this split got no rows: an empty partial result
@@ -601,7 +601,7 @@ int mla_absorbed_num_splits(int num_tokens, int num_heads, int sm_count, int max
   const int tile_rows = wide_blocks ? 2 * kBlockN : kBlockN;
   const int blocks = std::max(1, num_tokens * ((num_heads + heads_per_block - 1) / heads_per_block));
   const int kv_len = std::max(1, max_kv_len);
-  const int min_rows = num_tokens <= kSmallBatchTokens ? tile_rows : 2 * tile_rows;
+  const int min_rows = split_min_rows(num_tokens, tile_rows);
   const int limit = std::clamp(kv_len / min_rows, 1, kMaxSplits);
   int best = 1;
   double best_eff = 0;

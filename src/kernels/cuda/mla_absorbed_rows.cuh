@@ -25,9 +25,25 @@ __device__ __forceinline__ TokenRange token_range(const MlaAbsorbedParams& p, in
   return {p.kv_indptr[lo], kv_len - q_len + (t - p.q_indptr[lo]) + 1};
 }
 
-// Rows of each split of a token's context.
-__device__ __forceinline__ int split_chunk(int attend, int num_splits) {
-  return ((attend + num_splits - 1) / num_splits + kMlaSplitRows - 1) / kMlaSplitRows * kMlaSplitRows;
+// Batches of at most this many tokens let a split take a single tile.
+constexpr int kMlaSmallBatchTokens = 4;
+
+// The fewest rows a split takes (mla_absorbed_num_splits plans no shorter
+// ones): two of the kernel's tiles, one for the smallest batches.
+__host__ __device__ constexpr int split_min_rows(int num_tokens, int tile_rows) {
+  return num_tokens <= kMlaSmallBatchTokens ? tile_rows : 2 * tile_rows;
+}
+
+// Rows of each split of a token's context: the context spread over at most
+// num_splits splits of at least min_rows, on 32-row bounds. A graph plans
+// its splits for the longest context it replays (the engine's: the model's
+// context length, 64 at one token); a shorter context then takes no more
+// splits than a plan for its own length would cut, and the splits past them
+// exit at once (perf.md session 37: at one token and 512 rows the
+// engine's graphs had cost 6-8 us a v3-slice step over the benchmark's).
+__device__ __forceinline__ int split_chunk(int attend, int num_splits, int min_rows) {
+  const int splits = max(1, min(num_splits, attend / min_rows));
+  return ((attend + splits - 1) / splits + kMlaSplitRows - 1) / kMlaSplitRows * kMlaSplitRows;
 }
 
 // Programmatic dependent launch (sm_90): the attention grid lets the split

@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_absorbed_sm90_kernel(MlaAbsor
   const int tid = threadIdx.x, wg = tid / 128;
   const int split = blockIdx.x, h0 = blockIdx.y * kMlaWideHeads, t = blockIdx.z, H = p.num_heads;
   const TokenRange range = token_range(p, t);
-  const int chunk = split_chunk(range.attend, p.num_splits);
+  const int chunk = split_chunk(range.attend, p.num_splits, split_min_rows(p.num_tokens, kRows));
   const int begin = split * chunk, end = min(begin + chunk, range.attend);
 
   if (begin >= end) {  // this split got no rows: an empty partial result
