@@ -772,16 +772,15 @@ void CudaBackend::mla_prepare_head_bmm(const MlaPrepare& mp, const Tensor& posit
     return;
   }
   check_head_bmm(x, w, transpose_w, out);
-  HeadBmmFp8Rope rope;
-  rope.q = p.q;
-  rope.q_stride = p.q_stride;
-  rope.nope_dim = p.nope_dim;
-  rope.num_freqs = p.num_freqs;
-  rope.positions = p.positions;
-  rope.inv_freq = p.inv_freq;
-  rope.cos_sin_scale = p.cos_sin_scale;
-  rope.out = p.q_pe_out;
-  rope.out_width = p.q_pe_width;
+  const HeadBmmFp8Rope rope{.q = p.q,
+                            .q_stride = p.q_stride,
+                            .nope_dim = p.nope_dim,
+                            .num_freqs = p.num_freqs,
+                            .positions = p.positions,
+                            .inv_freq = p.inv_freq,
+                            .cos_sin_scale = p.cos_sin_scale,
+                            .out = p.q_pe_out,
+                            .out_width = p.q_pe_width};
   head_bmm_fp8(x, w, out, &rope);
 }
 
