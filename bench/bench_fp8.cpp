@@ -34,6 +34,7 @@
 #include "kernels/cuda/head_bmm_small.h"
 #include "kernels/cuda/grouped_gemm_sm90.h"
 #include "kernels/cuda/random_fill.h"
+#include "kernels/cuda/skinny_gemm.h"
 
 namespace mlaserve::cuda {
 namespace {
@@ -91,7 +92,7 @@ void BM_CopyBandwidth(benchmark::State& state) {
 
 // ---- dense FP8 GEMMs ---------------------------------------------------------
 
-enum class Force { Dispatch, Own, CublasLt, Sm90, Bf16Input };
+enum class Force { Dispatch, Own, CublasLt, Sm90, Bf16Input, Skinny };
 
 // Decode-like timing: calls replayed in a CUDA graph over copies of the
 // weights that together exceed L2 (run_timed_graph).
@@ -124,9 +125,12 @@ void fp8_linear_bench(benchmark::State& state, Force force) {
                         workspace.get(), stream);
         break;
       case Force::Bf16Input:  // as the backend runs decode rows: no quantization kernel
-        path = Fp8GemmPath::Sm90SplitK;
+        path = Fp8GemmPath::Sm90SplitK;  // or the skinny kernel (labelled below)
         ok = ok && linear.run_bf16(x.x.get<__nv_bfloat16>(), k, wq, ws, m, n, k, out.get<__nv_bfloat16>(),
                                    workspace.get(), stream);
+        break;
+      case Force::Skinny:  // bf16 rows, unquantized, on the weight-streaming kernel
+        skinny_gemm_fp8(x.x.get<__nv_bfloat16>(), k, wq, ws, m, n, k, out.get<__nv_bfloat16>(), stream);
         break;
       case Force::CublasLt:
         path = Fp8GemmPath::CublasLt;
@@ -139,7 +143,9 @@ void fp8_linear_bench(benchmark::State& state, Force force) {
     state.SkipWithError("no such path for this shape (cuBLASLt algorithm, or quantizing in the GEMM)");
     return;
   }
-  state.SetLabel(fp8_gemm_path_name(path));
+  const bool skinny = force == Force::Skinny ||
+                      (force == Force::Bf16Input && Fp8Linear::skinny_takes(m, n, k, Fp8GemmDevice::current()));
+  state.SetLabel(skinny ? "skinny" : fp8_gemm_path_name(path));
   const double weight_bytes = double(n) * k;
   report(state, s, weight_bytes + double(m) * k + double(m) * n * 2, weight_bytes, 2.0 * m * n * k);
 }
@@ -149,6 +155,7 @@ void BM_Fp8LinearOwnKernel(benchmark::State& state) { fp8_linear_bench(state, Fo
 void BM_Fp8LinearCublasLt(benchmark::State& state) { fp8_linear_bench(state, Force::CublasLt); }
 void BM_Fp8LinearSm90(benchmark::State& state) { fp8_linear_bench(state, Force::Sm90); }
 void BM_Fp8LinearBf16Input(benchmark::State& state) { fp8_linear_bench(state, Force::Bf16Input); }
+void BM_Fp8LinearSkinny(benchmark::State& state) { fp8_linear_bench(state, Force::Skinny); }
 
 // V3 linear shapes {N, K}: q_a, q_b, kv_a, kv_b (expanded prefill), o_proj,
 // shared expert gate_up / down, dense MLP gate_up / down, and q_a + kv_a
@@ -363,6 +370,21 @@ BENCHMARK(BM_Fp8LinearBf16Input)
         for (auto [n, k] : kV3Shapes) b->Args({m, n, k});
     })
     ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+// Decode rows from bf16 on the two kernels that take them (Fp8Linear::
+// kMaxSkinnyRows): the skinny weight-streaming kernel against the sm90
+// kernel quantizing them, at its planned splits.
+void decode_rows_args(benchmark::internal::Benchmark* b) {
+  for (int64_t m : {1, 2, 4, 8})
+    for (auto [n, k] : kV3Shapes) b->Args({m, n, k});
+}
+BENCHMARK(BM_Fp8LinearSkinny)->Apply(decode_rows_args)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+BENCHMARK(BM_Fp8Sm90Splits)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (int64_t m : {1, 2, 4, 8})
+        for (auto [n, k] : kV3Shapes) b->Args({m, n, k, 0, 0, 0, 0, 1});
+    })
+    ->Name("BM_Fp8Sm90Bf16Rows")
+    ->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(kSplitsIterations);
 BENCHMARK(BM_Fp8Sm90Splits)
     ->Apply([](benchmark::internal::Benchmark* b) {
       const int64_t shapes[][2] = {{24576, 1536}, {7168, 16384}, {2112, 7168},

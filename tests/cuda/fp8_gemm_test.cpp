@@ -13,6 +13,7 @@
 
 #include "fp8_test_util.h"
 #include "kernels/cuda/fp8_quant.h"
+#include "kernels/cuda/skinny_gemm.h"
 
 namespace mlaserve::cuda::testing {
 namespace {
@@ -95,12 +96,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8Gemm,
                                            Case{301, 640, 1024, kSm90},    // prefill rows, M % 4 != 0
                                            Case{517, 384, 2048, kSm90}));  // 128-row tiles, a ragged last one
 
-// Decode rows from bf16 (the sm90 kernel quantizing them itself) against
-// quantize_fp8_act + the same kernel: identical bits.
+// Decode rows from bf16 above the skinny kernel's (the sm90 kernel
+// quantizing them itself) against quantize_fp8_act + the same kernel:
+// identical bits.
 TEST(Fp8LinearBf16Input, QuantizingInTheGemmMatchesTheQuantizationKernel) {
   MLA_SKIP_WITHOUT_GPU();
   if (!sm90_gemm_supported()) GTEST_SKIP() << "no compute capability 9.0 GPU present";
-  for (const auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 2112, 7168}, {4, 1536, 1536}, {8, 576, 2048}}) {
+  static_assert(Fp8Linear::kMaxSkinnyRows < 3);
+  for (const auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{3, 2112, 7168}, {4, 1536, 1536}, {8, 576, 2048}}) {
     SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k));
     std::mt19937 rng(5 + m);
     const HostFp8Weight w = random_fp8_weight(n, k, rng);
@@ -110,12 +113,44 @@ TEST(Fp8LinearBf16Input, QuantizingInTheGemmMatchesTheQuantizationKernel) {
     quantize_fp8_act(dx.get<__nv_bfloat16>(), m, k, k, dxq.get<uint8_t>(), dxs.get<float>(), ld, nullptr);
     auto out_ref = poisoned(m * n * 2), out = poisoned(m * n * 2);
     Fp8Linear linear;
-    ASSERT_TRUE(linear.quantizes_in_gemm(m, n, k));
+    ASSERT_TRUE(linear.takes_bf16_rows(m, n, k));
     linear.run_sm90(dxq.get<uint8_t>(), dxs.get<float>(), ld, dwq.get<uint8_t>(), dws.get<float>(), m, n, k,
                     out_ref.get<__nv_bfloat16>(), workspace.get(), nullptr);
     ASSERT_TRUE(linear.run_bf16(dx.get<__nv_bfloat16>(), k, dwq.get<uint8_t>(), dws.get<float>(), m, n, k,
                                 out.get<__nv_bfloat16>(), workspace.get(), nullptr));
     EXPECT_EQ(download<uint16_t>(out, m * n), download<uint16_t>(out_ref, m * n));
+  }
+}
+
+// Up to kMaxSkinnyRows, decode rows from bf16 take the skinny kernel
+// unquantized: its bits, and the product of the dequantized weights.
+TEST(Fp8LinearBf16Input, SkinnyRowsAreTheSkinnyKernelsUnquantizedProduct) {
+  MLA_SKIP_WITHOUT_GPU();
+  if (!sm90_gemm_supported()) GTEST_SKIP() << "no compute capability 9.0 GPU present";
+  for (const auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 2112, 7168}, {1, 576, 7168}, {1, 24576, 1536}}) {
+    SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k));
+    std::mt19937 rng(11 + m);
+    const HostFp8Weight w = random_fp8_weight(n, k, rng);
+    const std::vector<uint16_t> x = random_activations(m, k, rng);
+    auto dx = upload(x), dwq = upload(w.q), dws = upload(w.scale);
+    DeviceBuffer workspace(Fp8Linear::workspace_bytes(m, n, k));
+    auto out_ref = poisoned(m * n * 2), out = poisoned(m * n * 2);
+    Fp8Linear linear;
+    ASSERT_TRUE(Fp8Linear::skinny_takes(m, n, k, Fp8GemmDevice::current()));
+    int splits = -1;
+    ASSERT_TRUE(linear.run_bf16(dx.get<__nv_bfloat16>(), k, dwq.get<uint8_t>(), dws.get<float>(), m, n, k,
+                                out.get<__nv_bfloat16>(), workspace.get(), nullptr, &splits));
+    EXPECT_EQ(splits, 0) << "the skinny kernel leaves no partials";
+    skinny_gemm_fp8(dx.get<__nv_bfloat16>(), k, dwq.get<uint8_t>(), dws.get<float>(), m, n, k,
+                    out_ref.get<__nv_bfloat16>(), nullptr);
+    const auto got = download<uint16_t>(out, m * n);
+    EXPECT_EQ(got, download<uint16_t>(out_ref, m * n));
+    std::vector<float> x_exact(m * k);
+    for (int64_t i = 0; i < m * k; ++i) x_exact[i] = bf16_to_f32(x[i]);
+    const double err = rel_l2(to_float(got), matmul_nt(x_exact, w.dequant, m, n, k));
+    report_fp8("fp8 linear bf16 rows", (std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k)).c_str(),
+               err, kSameOperandsTol);
+    EXPECT_LT(err, kSameOperandsTol);
   }
 }
 
@@ -162,9 +197,9 @@ TEST(Fp8LinearDispatch, OnHopperSplitKUpTo64RowsAndUpTo128ForWeightsUnder2To24Va
                        {4095, 7168, 16384, Fp8GemmPath::Sm90SplitK, "M not a multiple of 4"},
                        {4097, 32768, 512, Fp8GemmPath::Sm90SplitK, "kv_b, M % 4 != 0"},
                        {301, 100, 1024, Fp8GemmPath::OwnKernel, "N not a multiple of 8"}});
-  EXPECT_TRUE(Fp8Linear::quantizes_in_gemm(8, 576, 7168, kH100));
-  EXPECT_FALSE(Fp8Linear::quantizes_in_gemm(9, 576, 7168, kH100));
-  EXPECT_FALSE(Fp8Linear::quantizes_in_gemm(1, 576, 7168, kNotHopper));
+  EXPECT_TRUE(Fp8Linear::takes_bf16_rows(8, 576, 7168, kH100));
+  EXPECT_FALSE(Fp8Linear::takes_bf16_rows(9, 576, 7168, kH100));
+  EXPECT_FALSE(Fp8Linear::takes_bf16_rows(1, 576, 7168, kNotHopper));
 }
 
 // The H200's memory: cuBLASLt takes the long-K weights at 65-128 rows too.
@@ -176,7 +211,17 @@ TEST(Fp8LinearDispatch, OnFastMemoryCublasLtTakesEveryLargeWeightFrom65Rows) {
                        {128, 7168, 2048, Fp8GemmPath::Sm90SplitK, "shared expert down"},
                        {126, 7168, 16384, Fp8GemmPath::Sm90SplitK, "M not a multiple of 4"},
                        {1, 7168, 16384, Fp8GemmPath::Sm90SplitK}});
-  EXPECT_TRUE(Fp8Linear::quantizes_in_gemm(8, 7168, 16384, kH200));
+  EXPECT_TRUE(Fp8Linear::takes_bf16_rows(8, 7168, 16384, kH200));
+}
+
+TEST(Fp8LinearDispatch, OneRowOnWeightsUnder2To26ValuesTakesTheSkinnyKernel) {
+  EXPECT_TRUE(Fp8Linear::skinny_takes(1, 2112, 7168, kH200)) << "fused q_a / kv_a";
+  EXPECT_TRUE(Fp8Linear::skinny_takes(1, 24576, 1536, kH200)) << "q_b";
+  EXPECT_TRUE(Fp8Linear::skinny_takes(1, 7168, 2048, kH100)) << "shared expert down";
+  EXPECT_FALSE(Fp8Linear::skinny_takes(1, 7168, 16384, kH200)) << "o_proj: 2^26.8 values";
+  EXPECT_FALSE(Fp8Linear::skinny_takes(1, 32768, 512, kH200)) << "kv_b: K 512";
+  EXPECT_FALSE(Fp8Linear::skinny_takes(2, 2112, 7168, kH200)) << "two rows";
+  EXPECT_FALSE(Fp8Linear::skinny_takes(1, 2112, 7168, kNotHopper));
 }
 
 // Prefill rows that cuBLASLt's layout refuses (M % 4 != 0) run the wgmma

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "cuda_test_util.h"
+#include "fp8_test_util.h"
 
 namespace mlaserve::cuda::testing {
 namespace {
@@ -120,9 +121,50 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Skinny,
                                            LinearShape{1, 45, 10944}, LinearShape{7, 19, 10944},
                                            LinearShape{2, 11, 20008}, LinearShape{5, 9, 1416}));
 
+struct SkinnyFp8Shape {
+  int64_t m, n, k, x_ld;
+};
+
+class SkinnyFp8 : public ::testing::TestWithParam<SkinnyFp8Shape> {};
+
+// Block-FP8 weights times unquantized bf16 rows: the f64 product of the
+// dequantized weights and the exact activations differs only by f32
+// accumulation order and the bf16 output rounding (~1e-3 RMS).
+TEST_P(SkinnyFp8, MatchesHostProductOfDequantizedWeights) {
+  MLA_SKIP_WITHOUT_GPU();
+  const auto [m, n, k, x_ld] = GetParam();
+  ASSERT_TRUE(skinny_gemm_fp8_applies(m, k, x_ld));
+  std::mt19937 rng(m * 37 + n + k);
+  const HostFp8Weight w = random_fp8_weight(n, k, rng);
+  const std::vector<uint16_t> x = random_activations(m, x_ld, rng);
+  std::vector<float> x_rows(m * k);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t i = 0; i < k; ++i) x_rows[r * k + i] = bf16_to_f32(x[r * x_ld + i]);
+  auto dx = upload(x), dwq = upload(w.q), dws = upload(w.scale);
+  auto dout = poisoned(m * n * 2);
+  skinny_gemm_fp8(dx.get<__nv_bfloat16>(), x_ld, dwq.get<uint8_t>(), dws.get<float>(), m, n, k,
+                  dout.get<__nv_bfloat16>(), nullptr);
+  const double err = rel_l2(to_float(download<uint16_t>(dout, m * n)), matmul_nt(x_rows, w.dequant, m, n, k));
+  std::printf("[rel_l2] skinny_gemm_fp8 %lldx%lldx%lld (x_ld %lld) %.2e\n", (long long)m, (long long)n,
+              (long long)k, (long long)x_ld, err);
+  EXPECT_LT(err, 5e-3);
+}
+
+// Each plan at V3's decode widths (q_a + kv_a, o_proj's K split over 4
+// warps, q_b's short K), a row stride past K, K not a multiple of 128 (a
+// partial scale block), ragged N, and 3-8 rows (two columns a warp).
+INSTANTIATE_TEST_SUITE_P(Shapes, SkinnyFp8,
+                         ::testing::Values(SkinnyFp8Shape{1, 2112, 7168, 7168}, SkinnyFp8Shape{2, 300, 16384, 16384},
+                                           SkinnyFp8Shape{1, 1000, 1536, 1536}, SkinnyFp8Shape{2, 576, 7168, 7424},
+                                           SkinnyFp8Shape{1, 77, 400, 400}, SkinnyFp8Shape{3, 129, 2048, 2048},
+                                           SkinnyFp8Shape{8, 257, 7168, 7168}, SkinnyFp8Shape{5, 64, 40000, 40000}));
+
 TEST(Skinny, RejectsShapesItCannotRun) {
   EXPECT_FALSE(skinny_gemm_applies(9, 64));
   EXPECT_FALSE(skinny_gemm_applies(1, 36));
+  EXPECT_FALSE(skinny_gemm_fp8_applies(9, 128, 128));
+  EXPECT_FALSE(skinny_gemm_fp8_applies(1, 40, 40));
+  EXPECT_FALSE(skinny_gemm_fp8_applies(1, 128, 132));
 }
 
 }  // namespace

@@ -543,7 +543,7 @@ void CudaBackend::linear_fp8(const Tensor& x, const Weight& w, Tensor out) {
   const __nv_bfloat16* xp = bf(x, "linear", "x");
   __nv_bfloat16* op = bf(out, "linear", "out");
   if (M == 0) return;
-  if (fp8_linear_->quantizes_in_gemm(M, N, K)) {  // decode rows: no quantization kernel
+  if (fp8_linear_->takes_bf16_rows(M, N, K)) {  // decode rows: no quantization kernel
     const size_t gemm_bytes = Fp8Linear::workspace_bytes(M, N, K);
     Tensor work = alloc({int64_t(gemm_bytes)}, DType::U8);
     fp8_linear_->run_bf16(xp, K, w.w.data<uint8_t>(), w.scale_inv.data<float>(), M, N, K, op,
@@ -579,7 +579,7 @@ void CudaBackend::zero_padding_rows(const Fp8Rows& r, const char* op) {
 bool CudaBackend::takes_fp8_rows(const std::vector<LinearTarget>& targets, int64_t m, int64_t k) const {
   if (m == 0 || k % kFp8Group != 0 || targets.empty()) return false;
   for (const LinearTarget& t : targets)
-    if (!t.w->is_fp8() || t.w->in_features() != k || fp8_linear_->quantizes_in_gemm(m, t.w->out_features(), k))
+    if (!t.w->is_fp8() || t.w->in_features() != k || fp8_linear_->takes_bf16_rows(m, t.w->out_features(), k))
       return false;
   return true;
 }
@@ -821,7 +821,7 @@ void CudaBackend::rms_norm_linear_mla_prepare_q_b(const ResidualNorm& in, const 
   // Decode rows, which the projection quantizes itself: where it splits K
   // into f32 partials, the prepare adds them (one kernel boundary less a
   // layer). Elsewhere the ops in turn.
-  if (T == 0 || !w.is_fp8() || w.in_features() != K || !fp8_linear_->quantizes_in_gemm(T, N, K) ||
+  if (T == 0 || !w.is_fp8() || w.in_features() != K || !fp8_linear_->takes_bf16_rows(T, N, K) ||
       mp.q_a.defined() || mp.kv.defined()) {
     Backend::rms_norm_linear_mla_prepare_q_b(in, w, mp, positions, out_slots, inv_freq, cos_sin_scale, q_b, q);
     return;

@@ -5,6 +5,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/fp8_quant.h"
 #include "kernels/cuda/grouped_gemm_sm90.h"
+#include "kernels/cuda/skinny_gemm.h"
 
 namespace mlaserve::cuda {
 
@@ -115,14 +116,32 @@ size_t Fp8Linear::workspace_bytes(int64_t m, int64_t n, int64_t k) {
   return std::max(own, fp8_gemm_sm90_workspace_bytes(p));
 }
 
-bool Fp8Linear::quantizes_in_gemm(int64_t m, int64_t n, int64_t k, const Fp8GemmDevice& device) {
+bool Fp8Linear::takes_bf16_rows(int64_t m, int64_t n, int64_t k, const Fp8GemmDevice& device) {
   return m >= 1 && m <= kSm90QuantizeMaxRows && path_for(m, n, k, device) == Fp8GemmPath::Sm90SplitK;
+}
+
+// One row in a CUDA graph on an H200 (perf.md session 38, us, skinny against
+// the sm90 kernel quantizing the row): q_a + kv_a {2112, 7168} 7.5 / 9.1,
+// q_a 5.0 / 7.6, kv_a 3.3 / 6.2, q_b {24576, 1536} 12.3 / 13.5, the shared
+// expert's gate_up / down 11.4 / 12.7 and 6.8 / 7.6. The sm90 kernel keeps
+// o_proj {7168, 16384} (36.8 / 34.2), the dense MLP (2^27-2^28 values: 85 /
+// 79 and 51 / 39) and kv_b (K = 512, half a warp's loads idle: 8.5 / 7.3).
+// At two rows the skinny kernel widens each weight once a row and wins only
+// on q_a and kv_a alone.
+bool Fp8Linear::skinny_takes(int64_t m, int64_t n, int64_t k, const Fp8GemmDevice& device) {
+  return m <= kMaxSkinnyRows && n * k < kMaxSkinnyValues && k >= kMinSkinnyK && takes_bf16_rows(m, n, k, device) &&
+         skinny_gemm_fp8_applies(m, k, k);
 }
 
 bool Fp8Linear::run_bf16(const __nv_bfloat16* x, int64_t x_ld, const uint8_t* w, const float* w_scale, int64_t m,
                          int64_t n, int64_t k, __nv_bfloat16* out, void* workspace, cudaStream_t stream,
                          int* deferred_splits) {
-  if (!quantizes_in_gemm(m, n, k)) return false;
+  if (!takes_bf16_rows(m, n, k)) return false;
+  if (skinny_takes(m, n, k, device_) && skinny_gemm_fp8_applies(m, k, x_ld)) {
+    if (deferred_splits) *deferred_splits = 0;
+    skinny_gemm_fp8(x, x_ld, w, w_scale, m, n, k, out, stream);
+    return true;
+  }
   Sm90Fp8GemmParams p = sm90_params(nullptr, nullptr, fp8_act_scale_ld(m), w, w_scale, m, n, k, out, workspace);
   p.a_bf16 = x;
   p.a_bf16_ld = x_ld;

@@ -2,6 +2,8 @@
 // A block-FP8 linear layer on quantized activations: out{M, N} bf16 =
 // dequant(x_q{M, K}) · dequant(w{N, K})ᵀ, choosing the GEMM per shape and
 // device (measured on the H100 and the H200, docs/fp8.md):
+//   one decode row from bf16 on weights under 2^26 values (run_bf16) ->
+//     the skinny weight-streaming kernel (skinny_gemm.h);
 //   M <= 64 on Hopper, and up to 128 rows for weights under 2^24 values or
 //     (on an H100's memory, under 4 TB/s) K of 8192 and more -> the wgmma
 //     kernel with split K
@@ -44,6 +46,10 @@ struct Fp8GemmDevice {
 class Fp8Linear {
  public:
   static constexpr int64_t kMaxOwnKernelRows = 8, kMaxSm90Rows = 128, kMaxSm90RowsLargeWeights = 64;
+  // One decode row on weights under 2^26 values with K >= 1024 streams
+  // faster through the skinny kernel than through the sm90 kernel's TMA
+  // tiles and split-K partials (measured in fp8_linear.cu).
+  static constexpr int64_t kMaxSkinnyRows = 1, kMaxSkinnyValues = int64_t(1) << 26, kMinSkinnyK = 1024;
   static constexpr int64_t kLargeWeightValues = int64_t(1) << 24;  // N * K from which cuBLASLt takes 65-128 rows
   // ... unless K reaches this on a device without fast memory (the wgmma kernel splits K in clusters)
   static constexpr int64_t kSplitKMinK = 8192;
@@ -64,12 +70,15 @@ class Fp8Linear {
   void run_own_kernel(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w,
                       const float* w_scale, int64_t m, int64_t n, int64_t k, __nv_bfloat16* out, void* workspace,
                       cudaStream_t stream);
-  // Decode rows straight from bf16: on Hopper with M <= kSm90QuantizeMaxRows
-  // (and N % 8 == 0) the sm90 kernel quantizes x itself, 1x128 as
-  // quantize_fp8_act would, and no quantization kernel runs. Returns false
-  // (and does nothing) for other shapes and GPUs.
-  static bool quantizes_in_gemm(int64_t m, int64_t n, int64_t k, const Fp8GemmDevice& device);
-  bool quantizes_in_gemm(int64_t m, int64_t n, int64_t k) const { return quantizes_in_gemm(m, n, k, device_); }
+  // Decode rows straight from bf16, with no quantization kernel: on Hopper
+  // with M <= kSm90QuantizeMaxRows (and N % 8 == 0). Up to kMaxSkinnyRows
+  // rows the skinny weight-streaming kernel takes them, unquantized
+  // (skinny_gemm.h); above, the sm90 kernel quantizes x itself, 1x128 as
+  // quantize_fp8_act would. Returns false (and does nothing) for other
+  // shapes and GPUs.
+  static bool takes_bf16_rows(int64_t m, int64_t n, int64_t k, const Fp8GemmDevice& device);
+  bool takes_bf16_rows(int64_t m, int64_t n, int64_t k) const { return takes_bf16_rows(m, n, k, device_); }
+  static bool skinny_takes(int64_t m, int64_t n, int64_t k, const Fp8GemmDevice& device);
   // With deferred_splits, where the plan stores f32 split-K partials they
   // stay in the workspace ([(s * m + row) * n + col]) for the consumer to
   // add in split order, out is not written, and *deferred_splits says how

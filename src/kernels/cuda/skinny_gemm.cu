@@ -4,7 +4,7 @@
 
 #include "kernels/cuda/bf16_vec.cuh"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/l2_policy.cuh"
+#include "kernels/cuda/fp8_common.cuh"
 #include "kernels/cuda/pdl.cuh"
 
 namespace mlaserve::cuda {
@@ -15,29 +15,64 @@ namespace {
 // So each warp issues every weight load it will ever make in one go, before
 // waiting for the previous kernel (pdl), with no load depending on another:
 // a warp covers kCols weight rows with kLoads 16-byte loads per lane each,
-// and when a row is longer than 256 * kLoads elements the block's warps split
+// and when a row is longer than 32 * kLoads loads the block's warps split
 // it (kSplit slices, reduced through shared memory) instead of looping.
 constexpr int kBlockWarps = 8;
-constexpr int kVecElems = 8;              // bf16 values in a 16-byte load
-constexpr int kWarpVecElems = 32 * kVecElems;  // elements a warp covers per load
-constexpr int kTargetBlocks = 264;        // 2 per SM on an H100/H200: spread small matrices
+constexpr int kTargetBlocks = 264;  // 2 per SM on an H100/H200: spread small matrices
+
+// How the weight rows are stored: bf16, or block-FP8 (e4m3 bytes and one f32
+// scale per 128 x 128 block, the checkpoint's layout). kElems: weights in a
+// 16-byte load, which never straddles a 128-wide scale block.
+struct Bf16Weights {
+  static constexpr int kElems = 8, kBytes = 2;
+};
+struct Fp8Weights {
+  static constexpr int kElems = 16, kBytes = 1;
+};
+
+struct SkinnyArgs {
+  const __nv_bfloat16* x;
+  int64_t x_ld;
+  const uint8_t* w;        // {n, k} rows of W's format
+  const float* w_scale;    // FP8: [row / 128][kk / 128], ceil(k / 128) a row
+  int m;
+  int64_t n, k;
+  void* out;
+};
+
+// kN bf16 activations at p (16-byte aligned) as floats.
+template <int kN>
+__device__ __forceinline__ void load_x(const __nv_bfloat16* p, float (&f)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN / 8; ++i) {
+    float t[8];
+    Bf16x8::load(p + 8 * i).to_float(t);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[8 * i + j] = t[j];
+  }
+}
 
 // Block: (32 * col_warps, kSplit) threads; warp (cw, s) owns columns
 // [(blockIdx.x * col_warps + cw) * kCols, + kCols) and K slice s.
-template <int kRows, int kCols, int kLoads, bool kOutF32>
-__global__ void __launch_bounds__(kBlockWarps * 32) skinny_gemm_kernel(const __nv_bfloat16* __restrict__ x,
-                                                                       const __nv_bfloat16* __restrict__ w, int m,
-                                                                       int64_t n, int64_t k, void* out) {
+template <typename W, int kRows, int kCols, int kLoads, bool kOutF32>
+__global__ void __launch_bounds__(kBlockWarps * 32) skinny_gemm_kernel(const SkinnyArgs a) {
   pdl_launch_dependents();
-  constexpr int kChunk = kWarpVecElems * kLoads;
+  constexpr bool kFp8 = W::kElems == 16;
+  constexpr int kWarpVecElems = 32 * W::kElems, kChunk = kWarpVecElems * kLoads;
   const int lane = threadIdx.x % 32;
   const int col_warps = blockDim.x / 32, cw = threadIdx.x / 32;
   const int split = threadIdx.y, splits = blockDim.y;
-  const int64_t col0 = (int64_t(blockIdx.x) * col_warps + cw) * kCols;
+  const int64_t col0 = (int64_t(blockIdx.x) * col_warps + cw) * kCols, k = a.k;
+  const int64_t scale_ld = (k + 127) / 128;
 
-  const __nv_bfloat16* wr[kCols];
+  const uint8_t* wr[kCols];
+  const float* sr[kCols];
 #pragma unroll
-  for (int c = 0; c < kCols; ++c) wr[c] = w + (col0 + c < n ? col0 + c : n - 1) * k;
+  for (int c = 0; c < kCols; ++c) {
+    const int64_t row = col0 + c < a.n ? col0 + c : a.n - 1;
+    wr[c] = a.w + row * k * W::kBytes;
+    if constexpr (kFp8) sr[c] = a.w_scale + row / 128 * scale_ld;
+  }
 
   float acc[kRows][kCols] = {};
   bool waited = false;
@@ -45,11 +80,15 @@ __global__ void __launch_bounds__(kBlockWarps * 32) skinny_gemm_kernel(const __n
   // shape of a V2-Lite/V3 decode step) a warp makes exactly one pass.
   for (int64_t k0 = int64_t(split) * kChunk; k0 < k || !waited; k0 += int64_t(splits) * kChunk) {
     uint4 wv[kCols][kLoads];
+    float sv[kCols][kLoads];  // FP8: each load's block scale
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
-      const int64_t kk = k0 + u * kWarpVecElems + lane * kVecElems;
+      const int64_t kk = k0 + u * kWarpVecElems + lane * W::kElems;
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) wv[c][u] = kk < k ? load_streamed_16(wr[c] + kk) : make_uint4(0, 0, 0, 0);
+      for (int c = 0; c < kCols; ++c) {
+        wv[c][u] = kk < k ? load_streamed_16(wr[c] + kk * W::kBytes) : make_uint4(0, 0, 0, 0);
+        if constexpr (kFp8) sv[c][u] = kk < k ? __ldg(sr[c] + kk / 128) : 0.0f;
+      }
     }
     if (!waited) {  // the weights are in flight; now the activations may be read
       pdl_wait();
@@ -58,20 +97,32 @@ __global__ void __launch_bounds__(kBlockWarps * 32) skinny_gemm_kernel(const __n
     }
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
-      const int64_t kk = k0 + u * kWarpVecElems + lane * kVecElems;
+      const int64_t kk = k0 + u * kWarpVecElems + lane * W::kElems;
       if (kk >= k) break;
-      float wf[kCols][8];
+      if constexpr (kFp8) {
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) bf16x8_to_float(wv[c][u], wf[c]);
+        for (int r = 0; r < kRows; ++r) {
+          if (r < a.m) {
+            float xv[16];
+            load_x(a.x + r * a.x_ld + kk, xv);
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        if (r < m) {
-          float xv[8];
-          Bf16x8::load(x + r * k + kk).to_float(xv);
+            for (int c = 0; c < kCols; ++c) acc[r][c] = fmaf(sv[c][u], e4m3x16_dot(wv[c][u], xv), acc[r][c]);
+          }
+        }
+      } else {
+        float wf[kCols][8];
 #pragma unroll
-          for (int c = 0; c < kCols; ++c)
+        for (int c = 0; c < kCols; ++c) bf16x8_to_float(wv[c][u], wf[c]);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) acc[r][c] += wf[c][j] * xv[j];
+        for (int r = 0; r < kRows; ++r) {
+          if (r < a.m) {
+            float xv[8];
+            load_x(a.x + r * a.x_ld + kk, xv);
+#pragma unroll
+            for (int c = 0; c < kCols; ++c)
+#pragma unroll
+              for (int j = 0; j < 8; ++j) acc[r][c] += wf[c][j] * xv[j];
+          }
         }
       }
     }
@@ -92,11 +143,11 @@ __global__ void __launch_bounds__(kBlockWarps * 32) skinny_gemm_kernel(const __n
   for (int i = lane; i < kRows * kCols; i += 32) {
     const int r = i / kCols, c = i % kCols;
     const int64_t col = col0 + c;
-    if (r >= m || col >= n) continue;
+    if (r >= a.m || col >= a.n) continue;
     float v = 0;
     for (int s = 0; s < splits; ++s) v += partial[s * col_warps + cw][r][c];
-    if constexpr (kOutF32) static_cast<float*>(out)[r * n + col] = v;
-    else static_cast<__nv_bfloat16*>(out)[r * n + col] = __float2bfloat16(v);
+    if constexpr (kOutF32) static_cast<float*>(a.out)[r * a.n + col] = v;
+    else static_cast<__nv_bfloat16*>(a.out)[r * a.n + col] = __float2bfloat16(v);
   }
 }
 
@@ -108,8 +159,8 @@ struct SkinnyPlan {
   int64_t blocks;
 };
 
-SkinnyPlan plan_for(int64_t m, int64_t n, int64_t k) {
-  const int64_t vecs = (k + kWarpVecElems - 1) / kWarpVecElems;  // 16-byte loads a lane for one row
+SkinnyPlan plan_for(int64_t m, int64_t n, int64_t k, int elems) {
+  const int64_t vecs = (k + 32 * elems - 1) / (32 * elems);  // 16-byte loads a lane for one row
   SkinnyPlan p{};
   if (vecs <= 2) p.cols = 4, p.loads = 2;
   else if (vecs <= 4 || m > 2) p.cols = 2, p.loads = 4;
@@ -124,22 +175,21 @@ SkinnyPlan plan_for(int64_t m, int64_t n, int64_t k) {
   return p;
 }
 
-template <int kRows, bool kOutF32>
-void launch_rows(const SkinnyPlan& p, const __nv_bfloat16* x, const __nv_bfloat16* w, int m, int64_t n, int64_t k,
-                 void* out, cudaStream_t stream) {
+template <typename W, int kRows, bool kOutF32>
+void launch_rows(const SkinnyPlan& p, const SkinnyArgs& a, cudaStream_t stream) {
   const dim3 grid(unsigned(p.blocks)), block(32 * p.col_warps, p.splits);
-  if (p.cols == 4) launch_dependent(skinny_gemm_kernel<kRows, 4, 2, kOutF32>, grid, block, 0, stream, x, w, m, n, k, out);
-  else if (p.cols == 2) launch_dependent(skinny_gemm_kernel<kRows, 2, 4, kOutF32>, grid, block, 0, stream, x, w, m, n, k, out);
-  else launch_dependent(skinny_gemm_kernel<kRows, 1, 8, kOutF32>, grid, block, 0, stream, x, w, m, n, k, out);
+  if (p.cols == 4) launch_dependent(skinny_gemm_kernel<W, kRows, 4, 2, kOutF32>, grid, block, 0, stream, a);
+  else if (p.cols == 2) launch_dependent(skinny_gemm_kernel<W, kRows, 2, 4, kOutF32>, grid, block, 0, stream, a);
+  else launch_dependent(skinny_gemm_kernel<W, kRows, 1, 8, kOutF32>, grid, block, 0, stream, a);
 }
 
-template <bool kOutF32>
-void launch(const SkinnyPlan& p, const __nv_bfloat16* x, const __nv_bfloat16* w, int m, int64_t n, int64_t k,
-            void* out, cudaStream_t stream) {
-  if (m == 1) launch_rows<1, kOutF32>(p, x, w, m, n, k, out, stream);
-  else if (m == 2) launch_rows<2, kOutF32>(p, x, w, m, n, k, out, stream);
-  else if (m <= 4) launch_rows<4, kOutF32>(p, x, w, m, n, k, out, stream);
-  else launch_rows<8, kOutF32>(p, x, w, m, n, k, out, stream);
+template <typename W, bool kOutF32>
+void launch(const SkinnyArgs& a, cudaStream_t stream) {
+  const SkinnyPlan p = plan_for(a.m, a.n, a.k, W::kElems);
+  if (a.m == 1) launch_rows<W, 1, kOutF32>(p, a, stream);
+  else if (a.m == 2) launch_rows<W, 2, kOutF32>(p, a, stream);
+  else if (a.m <= 4) launch_rows<W, 4, kOutF32>(p, a, stream);
+  else launch_rows<W, 8, kOutF32>(p, a, stream);
 }
 
 }  // namespace
@@ -151,10 +201,24 @@ void skinny_gemm(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t m, int6
   MLA_CUDA_REQUIRE(skinny_gemm_applies(m, k), "skinny_gemm: " + std::to_string(m) + " rows of width " +
                                                   std::to_string(k) + " (at most 8 rows, width a positive multiple of 8)");
   if (n == 0) return;
-  const SkinnyPlan p = plan_for(m, n, k);
-  if (out_f32) launch<true>(p, x, w, int(m), n, k, out, stream);
-  else launch<false>(p, x, w, int(m), n, k, out, stream);
+  const SkinnyArgs a{x, k, reinterpret_cast<const uint8_t*>(w), nullptr, int(m), n, k, out};
+  if (out_f32) launch<Bf16Weights, true>(a, stream);
+  else launch<Bf16Weights, false>(a, stream);
   check_launch("skinny_gemm");
+}
+
+bool skinny_gemm_fp8_applies(int64_t m, int64_t k, int64_t x_ld) {
+  return m >= 1 && m <= kSkinnyMaxRows && k % 16 == 0 && k > 0 && x_ld >= k && x_ld % 8 == 0;
+}
+
+void skinny_gemm_fp8(const __nv_bfloat16* x, int64_t x_ld, const uint8_t* w, const float* w_scale, int64_t m,
+                     int64_t n, int64_t k, __nv_bfloat16* out, cudaStream_t stream) {
+  MLA_CUDA_REQUIRE(skinny_gemm_fp8_applies(m, k, x_ld),
+                   "skinny_gemm_fp8: " + std::to_string(m) + " rows of width " + std::to_string(k) + ", stride " +
+                       std::to_string(x_ld) + " (at most 8 rows, width a positive multiple of 16, stride of 8)");
+  if (n == 0) return;
+  launch<Fp8Weights, false>(SkinnyArgs{x, x_ld, w, w_scale, int(m), n, k, out}, stream);
+  check_launch("skinny_gemm_fp8");
 }
 
 }  // namespace mlaserve::cuda

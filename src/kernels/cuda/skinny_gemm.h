@@ -5,7 +5,9 @@
 // row) once, with all its 16-byte loads issued together before it waits for
 // the previous kernel, and dots them with every activation row (served from
 // L1/L2). cuBLASLt's kernels for M = 1 reach about 1/3 of the bandwidth on
-// the 2-15 MB matrices of a decode step.
+// the 2-15 MB matrices of a decode step. The weights are bf16 or block-FP8
+// (e4m3 with the checkpoint's 128 x 128 scales; x stays bf16, unquantized,
+// as in the small MoE and head_bmm's streaming kernel).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -20,5 +22,11 @@ bool skinny_gemm_applies(int64_t m, int64_t k);
 
 void skinny_gemm(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t m, int64_t n, int64_t k, void* out,
                  bool out_f32, cudaStream_t stream);
+
+// The block-FP8 form: w{N, K} e4m3, w_scale[n / 128][k / 128] (ceil(K / 128)
+// a row), x rows x_ld apart (16-byte aligned), bf16 out{M, N}.
+bool skinny_gemm_fp8_applies(int64_t m, int64_t k, int64_t x_ld);
+void skinny_gemm_fp8(const __nv_bfloat16* x, int64_t x_ld, const uint8_t* w, const float* w_scale, int64_t m,
+                     int64_t n, int64_t k, __nv_bfloat16* out, cudaStream_t stream);
 
 }  // namespace mlaserve::cuda
