@@ -347,7 +347,7 @@ TEST_P(Fp8BackendProjectionSumInPrepare, EqualsTheOpsInTurn) {
   const Weight w_qkv = backend.load_weight(host_q(qkv), host_scale(qkv));
   const Weight w_qb = backend.load_weight(host_q(qb), host_scale(qb));
   ASSERT_TRUE(w_qkv.is_fp8() && w_qb.is_fp8());
-  if (m == 4 && sm90_gemm_supported()) {  // the fused path's premise at four tokens (1-2: the skinny kernel)
+  if (m == 4 && sm90_gemm_supported()) {  // the fused path's premise at four tokens (one: the skinny kernel)
     Sm90Fp8GemmParams gp;
     gp.m = 4;
     gp.n = int(width);
