@@ -127,7 +127,8 @@ TEST(Fp8LinearBf16Input, QuantizingInTheGemmMatchesTheQuantizationKernel) {
 TEST(Fp8LinearBf16Input, SkinnyRowsAreTheSkinnyKernelsUnquantizedProduct) {
   MLA_SKIP_WITHOUT_GPU();
   if (!sm90_gemm_supported()) GTEST_SKIP() << "no compute capability 9.0 GPU present";
-  for (const auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 2112, 7168}, {1, 576, 7168}, {1, 24576, 1536}}) {
+  for (const auto [m, n, k] :
+       {std::tuple<int64_t, int64_t, int64_t>{1, 2112, 7168}, {1, 576, 7168}, {1, 24576, 1536}, {1, 7168, 16384}}) {
     SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k));
     std::mt19937 rng(11 + m);
     const HostFp8Weight w = random_fp8_weight(n, k, rng);
@@ -214,11 +215,13 @@ TEST(Fp8LinearDispatch, OnFastMemoryCublasLtTakesEveryLargeWeightFrom65Rows) {
   EXPECT_TRUE(Fp8Linear::takes_bf16_rows(8, 7168, 16384, kH200));
 }
 
-TEST(Fp8LinearDispatch, OneRowOnWeightsUnder2To26ValuesTakesTheSkinnyKernel) {
+TEST(Fp8LinearDispatch, OneRowOnWeightsUnder125MiBTakesTheSkinnyKernel) {
   EXPECT_TRUE(Fp8Linear::skinny_takes(1, 2112, 7168, kH200)) << "fused q_a / kv_a";
   EXPECT_TRUE(Fp8Linear::skinny_takes(1, 24576, 1536, kH200)) << "q_b";
   EXPECT_TRUE(Fp8Linear::skinny_takes(1, 7168, 2048, kH100)) << "shared expert down";
-  EXPECT_FALSE(Fp8Linear::skinny_takes(1, 7168, 16384, kH200)) << "o_proj: 2^26.8 values";
+  EXPECT_TRUE(Fp8Linear::skinny_takes(1, 7168, 16384, kH200)) << "o_proj: 112 MiB";
+  EXPECT_FALSE(Fp8Linear::skinny_takes(1, 7168, 18432, kH200)) << "dense down: 126 MiB";
+  EXPECT_FALSE(Fp8Linear::skinny_takes(1, 36864, 7168, kH200)) << "dense gate_up";
   EXPECT_FALSE(Fp8Linear::skinny_takes(1, 32768, 512, kH200)) << "kv_b: K 512";
   EXPECT_FALSE(Fp8Linear::skinny_takes(2, 2112, 7168, kH200)) << "two rows";
   EXPECT_FALSE(Fp8Linear::skinny_takes(1, 2112, 7168, kNotHopper));

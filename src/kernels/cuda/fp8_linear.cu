@@ -123,11 +123,15 @@ bool Fp8Linear::takes_bf16_rows(int64_t m, int64_t n, int64_t k, const Fp8GemmDe
 // One row in a CUDA graph on an H200 (perf.md session 38, us, skinny against
 // the sm90 kernel quantizing the row): q_a + kv_a {2112, 7168} 7.5 / 9.1,
 // q_a 5.0 / 7.6, kv_a 3.3 / 6.2, q_b {24576, 1536} 12.3 / 13.5, the shared
-// expert's gate_up / down 11.4 / 12.7 and 6.8 / 7.6. The sm90 kernel keeps
-// o_proj {7168, 16384} (36.8 / 34.2), the dense MLP (2^27-2^28 values: 85 /
-// 79 and 51 / 39) and kv_b (K = 512, half a warp's loads idle: 8.5 / 7.3).
-// At two rows the skinny kernel widens each weight once a row and wins only
-// on q_a and kv_a alone.
+// expert's gate_up / down 11.4 / 12.7 and 6.8 / 7.6. Alone o_proj {7168,
+// 16384} is slower on it (36.8 / 34.2), yet in the model it saves ~3 us a
+// layer: its stream starts under the W_UV product before it, where the sm90
+// kernel's shared memory waits for that kernel's blocks to leave (v3-slice
+// bs 1, 1.254 ms a step against 1.265). The dense MLP (126 and 252 MiB: 51 /
+// 39 and 85 / 79 alone) costs ~8 us a step more on it in the model, and
+// kv_b (K = 512) leaves half a warp's loads idle (8.5 / 7.3). At two rows
+// the skinny kernel widens each weight once a row and wins only on q_a and
+// kv_a alone.
 bool Fp8Linear::skinny_takes(int64_t m, int64_t n, int64_t k, const Fp8GemmDevice& device) {
   return m <= kMaxSkinnyRows && n * k < kMaxSkinnyValues && k >= kMinSkinnyK && takes_bf16_rows(m, n, k, device) &&
          skinny_gemm_fp8_applies(m, k, k);

@@ -2,7 +2,7 @@
 // A block-FP8 linear layer on quantized activations: out{M, N} bf16 =
 // dequant(x_q{M, K}) · dequant(w{N, K})ᵀ, choosing the GEMM per shape and
 // device (measured on the H100 and the H200, docs/fp8.md):
-//   one decode row from bf16 on weights under 2^26 values (run_bf16) ->
+//   one decode row from bf16 on weights under 125 MiB (run_bf16) ->
 //     the skinny weight-streaming kernel (skinny_gemm.h);
 //   M <= 64 on Hopper, and up to 128 rows for weights under 2^24 values or
 //     (on an H100's memory, under 4 TB/s) K of 8192 and more -> the wgmma
@@ -46,10 +46,11 @@ struct Fp8GemmDevice {
 class Fp8Linear {
  public:
   static constexpr int64_t kMaxOwnKernelRows = 8, kMaxSm90Rows = 128, kMaxSm90RowsLargeWeights = 64;
-  // One decode row on weights under 2^26 values with K >= 1024 streams
-  // faster through the skinny kernel than through the sm90 kernel's TMA
-  // tiles and split-K partials (measured in fp8_linear.cu).
-  static constexpr int64_t kMaxSkinnyRows = 1, kMaxSkinnyValues = int64_t(1) << 26, kMinSkinnyK = 1024;
+  // One decode row on weights under 125 MiB with K >= 1024 (every V3
+  // linear but the dense MLP and kv_b) runs faster on the skinny kernel
+  // than on the sm90 kernel's TMA tiles and split-K partials (measured in
+  // fp8_linear.cu).
+  static constexpr int64_t kMaxSkinnyRows = 1, kMaxSkinnyValues = int64_t(125) << 20, kMinSkinnyK = 1024;
   static constexpr int64_t kLargeWeightValues = int64_t(1) << 24;  // N * K from which cuBLASLt takes 65-128 rows
   // ... unless K reaches this on a device without fast memory (the wgmma kernel splits K in clusters)
   static constexpr int64_t kSplitKMinK = 8192;
