@@ -53,9 +53,12 @@ __device__ __forceinline__ void load_x(const __nv_bfloat16* p, float (&f)[kN]) {
 }
 
 // Block: (32 * col_warps, kSplit) threads; warp (cw, s) owns columns
-// [(blockIdx.x * col_warps + cw) * kCols, + kCols) and K slice s.
+// [(blockIdx.x * col_warps + cw) * kCols, + kCols) and K slice s. 16 loads
+// a lane must still fit two blocks an SM (124 registers). The others name
+// no minimum: an explicit 1 moves ptxas's allocation (q_b's kernel 80 -> 82
+// registers, perf.md session 38).
 template <typename W, int kRows, int kCols, int kLoads, bool kOutF32>
-__global__ void __launch_bounds__(kBlockWarps * 32) skinny_gemm_kernel(const SkinnyArgs a) {
+__global__ void __launch_bounds__(kBlockWarps * 32, kLoads >= 16 ? 2 : 0) skinny_gemm_kernel(const SkinnyArgs a) {
   pdl_launch_dependents();
   constexpr bool kFp8 = W::kElems == 16;
   constexpr int kWarpVecElems = 32 * W::kElems, kChunk = kWarpVecElems * kLoads;
@@ -152,7 +155,8 @@ __global__ void __launch_bounds__(kBlockWarps * 32) skinny_gemm_kernel(const Ski
 }
 
 // Columns a warp covers and loads per lane and column: about eight 16-byte
-// loads a lane in all (4 KB a warp). Rows above 2 reuse each activation
+// loads a lane in all (4 KB a warp), sixteen for one or two FP8 rows of K
+// up to 8192 (one warp a row). Rows above 2 reuse each activation
 // load for two columns, so that L1 traffic for x stays below the weights'.
 struct SkinnyPlan {
   int cols, loads, splits, col_warps;
@@ -164,6 +168,10 @@ SkinnyPlan plan_for(int64_t m, int64_t n, int64_t k, int elems) {
   SkinnyPlan p{};
   if (vecs <= 2) p.cols = 4, p.loads = 2;
   else if (vecs <= 4 || m > 2) p.cols = 2, p.loads = 4;
+  // FP8 rows of 9-16 loads (V3's K = 7168): a warp a row, so that q_a +
+  // kv_a's 2112 rows need 264 blocks (two an SM) where two 8-load slices
+  // a row need 528 and an H200 holds 396 (80 registers): a second wave.
+  else if (elems == 16 && vecs > 8 && vecs <= 16) p.cols = 1, p.loads = 16;
   else p.cols = 1, p.loads = 8;
   const int64_t chunks = (vecs + p.loads - 1) / p.loads;
   p.splits = 1;
@@ -180,7 +188,12 @@ void launch_rows(const SkinnyPlan& p, const SkinnyArgs& a, cudaStream_t stream) 
   const dim3 grid(unsigned(p.blocks)), block(32 * p.col_warps, p.splits);
   if (p.cols == 4) launch_dependent(skinny_gemm_kernel<W, kRows, 4, 2, kOutF32>, grid, block, 0, stream, a);
   else if (p.cols == 2) launch_dependent(skinny_gemm_kernel<W, kRows, 2, 4, kOutF32>, grid, block, 0, stream, a);
-  else launch_dependent(skinny_gemm_kernel<W, kRows, 1, 8, kOutF32>, grid, block, 0, stream, a);
+  else if constexpr (W::kElems == 16 && kRows <= 2) {  // the only rows plan_for gives 16 loads
+    if (p.loads == 16) launch_dependent(skinny_gemm_kernel<W, kRows, 1, 16, kOutF32>, grid, block, 0, stream, a);
+    else launch_dependent(skinny_gemm_kernel<W, kRows, 1, 8, kOutF32>, grid, block, 0, stream, a);
+  } else {
+    launch_dependent(skinny_gemm_kernel<W, kRows, 1, 8, kOutF32>, grid, block, 0, stream, a);
+  }
 }
 
 template <typename W, bool kOutF32>
