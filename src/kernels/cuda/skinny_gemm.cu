@@ -163,16 +163,13 @@ struct SkinnyPlan {
   int64_t blocks;
 };
 
-SkinnyPlan plan_for(int64_t m, int64_t n, int64_t k, int elems) {
-  const int64_t vecs = (k + 32 * elems - 1) / (32 * elems);  // 16-byte loads a lane for one row
+// Blocks an SM holds: 80 registers a thread at 8 loads, 124 at 16.
+constexpr int kBlocksPerSmAt8Loads = 3, kBlocksPerSmAt16Loads = 2;
+
+SkinnyPlan plan_with(int64_t n, int64_t vecs, int cols, int loads) {
   SkinnyPlan p{};
-  if (vecs <= 2) p.cols = 4, p.loads = 2;
-  else if (vecs <= 4 || m > 2) p.cols = 2, p.loads = 4;
-  // FP8 rows of 9-16 loads (V3's K = 7168): a warp a row, so that q_a +
-  // kv_a's 2112 rows need 264 blocks (two an SM) where two 8-load slices
-  // a row need 528 and an H200 holds 396 (80 registers): a second wave.
-  else if (elems == 16 && vecs > 8 && vecs <= 16) p.cols = 1, p.loads = 16;
-  else p.cols = 1, p.loads = 8;
+  p.cols = cols;
+  p.loads = loads;
   const int64_t chunks = (vecs + p.loads - 1) / p.loads;
   p.splits = 1;
   while (p.splits < kBlockWarps && p.splits < chunks) p.splits *= 2;
@@ -181,6 +178,28 @@ SkinnyPlan plan_for(int64_t m, int64_t n, int64_t k, int elems) {
   while (p.col_warps > 1 && blocks(p.col_warps) < kTargetBlocks) p.col_warps /= 2;
   p.blocks = blocks(p.col_warps);
   return p;
+}
+
+SkinnyPlan plan_for(int64_t m, int64_t n, int64_t k, int elems) {
+  const int64_t vecs = (k + 32 * elems - 1) / (32 * elems);  // 16-byte loads a lane for one row
+  if (vecs <= 2) return plan_with(n, vecs, 4, 2);
+  if (vecs <= 4 || m > 2) return plan_with(n, vecs, 2, 4);
+  const SkinnyPlan eight = plan_with(n, vecs, 1, 8);
+  // One or two FP8 rows of 9-16 loads (V3's K = 7168) take a 16-load warp
+  // a row where that fits one wave and two 8-load slices a row do not: q_a
+  // + kv_a {2112, 7168} at one row, 264 blocks against 528 (H200, perf.md
+  // session 39: 7.32 against 7.42-7.50 us). Where both fit one wave the slices
+  // are faster, each warp's dot products after the loads half as long (q_a
+  // 5.06 against 6.03 us, kv_a 3.29 against 4.45); where neither does, too
+  // (the shared gate_up {4096, 7168}: 11.3 against 13.4).
+  if (elems == 16 && vecs <= 16) {
+    int device = 0, sms = 0;
+    MLA_CUDA_CHECK(cudaGetDevice(&device), "skinny_gemm");
+    MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "skinny_gemm");
+    const SkinnyPlan sixteen = plan_with(n, vecs, 1, 16);
+    if (eight.blocks > kBlocksPerSmAt8Loads * sms && sixteen.blocks <= kBlocksPerSmAt16Loads * sms) return sixteen;
+  }
+  return eight;
 }
 
 template <typename W, int kRows, bool kOutF32>
