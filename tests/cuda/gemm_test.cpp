@@ -1,5 +1,6 @@
 // cuBLASLt GEMMs (linear, f32-out linear, per-head batched) against f64 host products.
 #include "kernels/cuda/gemm_cublaslt.h"
+#include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/skinny_gemm.h"
 
 #include <cstdio>
@@ -159,12 +160,65 @@ INSTANTIATE_TEST_SUITE_P(Shapes, SkinnyFp8,
                                            SkinnyFp8Shape{1, 77, 400, 400}, SkinnyFp8Shape{3, 129, 2048, 2048},
                                            SkinnyFp8Shape{8, 257, 7168, 7168}, SkinnyFp8Shape{5, 64, 40000, 40000}));
 
+struct SkinnyNormShape {
+  int64_t n, k;
+  bool residual;
+};
+
+class SkinnyFp8RmsNorm : public ::testing::TestWithParam<SkinnyNormShape> {};
+
+// The norm formed inside the launch against rms_norm, then skinny_gemm_fp8
+// on its output: the same product and residual sums, bit for bit. Twice, so
+// that the arrival counter is seen left at zero for the next launch.
+TEST_P(SkinnyFp8RmsNorm, EqualsRmsNormThenTheSkinnyKernelBitForBit) {
+  MLA_SKIP_WITHOUT_GPU();
+  const auto [n, k, with_residual] = GetParam();
+  ASSERT_TRUE(skinny_gemm_fp8_rms_norm_applies(k));
+  std::mt19937 rng(uint32_t(n * 7 + k));
+  const HostFp8Weight w = random_fp8_weight(n, k, rng);
+  const std::vector<uint16_t> x = random_activations(1, k, rng), residual = random_activations(1, k, rng),
+                              gamma = random_activations(1, k, rng);
+  const float eps = 1e-6f;
+  auto dx = upload(x), dgamma = upload(gamma), dwq = upload(w.q), dws = upload(w.scale);
+  auto ref_residual = upload(residual), normed = poisoned(k * 2), ref_out = poisoned(n * 2);
+  rms_norm(dx.get<__nv_bfloat16>(), dgamma.get<__nv_bfloat16>(), eps, 1, k, normed.get<__nv_bfloat16>(),
+           with_residual ? ref_residual.get<__nv_bfloat16>() : nullptr, nullptr);
+  skinny_gemm_fp8(normed.get<__nv_bfloat16>(), k, dwq.get<uint8_t>(), dws.get<float>(), 1, n, k,
+                  ref_out.get<__nv_bfloat16>(), nullptr);
+  const std::vector<uint16_t> want_out = download<uint16_t>(ref_out, n),
+                              want_residual = download<uint16_t>(ref_residual, k);
+  auto arrivals = upload(std::vector<uint32_t>{0});
+  for (int launch = 0; launch < 2; ++launch) {
+    auto fused_residual = upload(residual), out = poisoned(n * 2);
+    SkinnyRmsNorm norm;
+    norm.x = dx.get<__nv_bfloat16>();
+    norm.residual = with_residual ? fused_residual.get<__nv_bfloat16>() : nullptr;
+    norm.weight = dgamma.get<__nv_bfloat16>();
+    norm.eps = eps;
+    norm.arrivals = arrivals.get<unsigned>();
+    skinny_gemm_fp8_rms_norm(norm, dwq.get<uint8_t>(), dws.get<float>(), n, k, out.get<__nv_bfloat16>(), nullptr);
+    EXPECT_EQ(download<uint16_t>(out, n), want_out) << "launch " << launch;
+    EXPECT_EQ(download<uint16_t>(fused_residual, k), want_residual) << "launch " << launch;
+    EXPECT_EQ(download<uint32_t>(arrivals, 1)[0], 0u) << "launch " << launch;
+  }
+}
+
+// q_a + kv_a's one-row plan (16-load warps on an H100/H200), kv_a's (two
+// K slices a column), a 4-load plan without a residual, o_proj's width.
+INSTANTIATE_TEST_SUITE_P(Shapes, SkinnyFp8RmsNorm,
+                         ::testing::Values(SkinnyNormShape{2112, 7168, true}, SkinnyNormShape{576, 7168, true},
+                                           SkinnyNormShape{1000, 2048, false}, SkinnyNormShape{300, 16384, true}));
+
 TEST(Skinny, RejectsShapesItCannotRun) {
   EXPECT_FALSE(skinny_gemm_applies(9, 64));
   EXPECT_FALSE(skinny_gemm_applies(1, 36));
   EXPECT_FALSE(skinny_gemm_fp8_applies(9, 128, 128));
   EXPECT_FALSE(skinny_gemm_fp8_applies(1, 40, 40));
   EXPECT_FALSE(skinny_gemm_fp8_applies(1, 128, 132));
+  EXPECT_TRUE(skinny_gemm_fp8_rms_norm_applies(7168));
+  EXPECT_FALSE(skinny_gemm_fp8_rms_norm_applies(1024));   // rms_norm's rows of fewer threads
+  EXPECT_FALSE(skinny_gemm_fp8_rms_norm_applies(16400));  // past the shared-memory row
+  EXPECT_FALSE(skinny_gemm_fp8_rms_norm_applies(2056));   // not a multiple of 16
 }
 
 }  // namespace

@@ -61,15 +61,17 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum over a block of blockDim.x threads (a multiple of 32, at most 1024).
+// Sum over a block of blockDim.x * blockDim.y threads (blockDim.x a multiple
+// of 32, at most 1024 in all): the warps in order of their linear thread
+// index, so a 2D block sums as a 1D block of as many threads.
 __device__ __forceinline__ float block_sum(float v) {
   __shared__ float partial[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int t = threadIdx.y * blockDim.x + threadIdx.x, lane = t & 31, warp = t >> 5;
   v = warp_sum(v);
   __syncthreads();  // partial may still be read by a previous call
   if (lane == 0) partial[warp] = v;
   __syncthreads();
-  const int warps = blockDim.x >> 5;
+  const int warps = (blockDim.x * blockDim.y) >> 5;
   v = lane < warps ? partial[lane] : 0.0f;
   return warp_sum(v);
 }

@@ -123,6 +123,8 @@ CudaBackend::CudaBackend()
   mla_chain_sync_ = DeviceBuffer(mla_decode_chain_sync_bytes());
   mla_chain_norm_parts_ = DeviceBuffer(sizeof(float) * size_t(std::max(sm_count_, 1)));
   MLA_CUDA_CHECK(cudaMemset(mla_chain_sync_.get(), 0, mla_chain_sync_.bytes()), "backend start-up");
+  skinny_norm_arrivals_ = DeviceBuffer(sizeof(unsigned));
+  MLA_CUDA_CHECK(cudaMemset(skinny_norm_arrivals_.get(), 0, skinny_norm_arrivals_.bytes()), "backend start-up");
   pinned_bytes_ = size_t(1) << 20;
   MLA_CUDA_CHECK(cudaMallocHost(&pinned_, pinned_bytes_), "backend start-up");
   MLA_CUDA_CHECK(cudaEventCreateWithFlags(&staging_free_, cudaEventDisableTiming), "backend start-up");
@@ -829,6 +831,23 @@ void CudaBackend::rms_norm_linear_mla_prepare_q_b(const ResidualNorm& in, const 
   check_fp8_weight(w);
   MlaPrepare with = mp;
   with.q_a = with.kv = alloc({T, N}, act_dtype());
+  MLA_CHECK(in.norm_weight.numel() == K && (!in.residual.defined() || in.residual.numel() == in.x.numel()),
+            "rms_norm_linear_mla_prepare_q_b: x {}, norm weight {}", shape_str(in.x.shape()),
+            shape_str(in.norm_weight.shape()));
+  // One row: the norm is formed inside the projection's launch.
+  if (T == 1) {
+    SkinnyRmsNorm norm;
+    norm.x = bf(in.x, "rms_norm_linear_mla_prepare_q_b", "x");
+    norm.residual = in.residual.defined() ? bf(in.residual, "rms_norm_linear_mla_prepare_q_b", "residual") : nullptr;
+    norm.weight = as_bf16(in.norm_weight, "rms_norm_linear_mla_prepare_q_b");
+    norm.eps = in.eps;
+    norm.arrivals = skinny_norm_arrivals_.get<unsigned>();
+    if (fp8_linear_->run_bf16_rms_norm(norm, w.w.data<uint8_t>(), w.scale_inv.data<float>(), N, K,
+                                       bf(with.q_a, "rms_norm_linear_mla_prepare_q_b", "qkv"), stream_)) {
+      prepare_q_b(with, positions, out_slots, inv_freq, cos_sin_scale, q_b, q, ProjectionPartials{});
+      return;
+    }
+  }
   Tensor h = alloc(in.x.shape(), act_dtype());
   rms_norm(in.x, in.norm_weight, in.eps, h, in.residual);
   const size_t gemm_bytes = Fp8Linear::workspace_bytes(T, N, K);

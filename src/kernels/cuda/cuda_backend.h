@@ -188,6 +188,7 @@ class CudaBackend final : public Backend {
   bool mla_chain_ = true;
   DeviceBuffer mla_chain_sync_;  // the chain kernel's arrival counter and mailboxes (zeroed once)
   DeviceBuffer mla_chain_norm_parts_;  // {sm_count} F32: the chain's PendingNorm parts
+  DeviceBuffer skinny_norm_arrivals_;  // skinny_gemm_fp8_rms_norm's arrival counter (zeroed once)
   std::unordered_map<const void*, Tensor> bf16_copies_;
   struct HostSlot;
   std::vector<std::shared_ptr<HostSlot>> host_slots_;  // to_host_later's

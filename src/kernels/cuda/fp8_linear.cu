@@ -157,6 +157,13 @@ bool Fp8Linear::run_bf16(const __nv_bfloat16* x, int64_t x_ld, const uint8_t* w,
   return true;
 }
 
+bool Fp8Linear::run_bf16_rms_norm(const SkinnyRmsNorm& norm, const uint8_t* w, const float* w_scale, int64_t n,
+                                  int64_t k, __nv_bfloat16* out, cudaStream_t stream) {
+  if (!skinny_takes(1, n, k, device_) || !skinny_gemm_fp8_rms_norm_applies(k)) return false;
+  skinny_gemm_fp8_rms_norm(norm, w, w_scale, n, k, out, stream);
+  return true;
+}
+
 void Fp8Linear::run_sm90(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w,
                          const float* w_scale, int64_t m, int64_t n, int64_t k, __nv_bfloat16* out, void* workspace,
                          cudaStream_t stream) {

@@ -29,6 +29,7 @@
 #include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/fp8_gemm_cublaslt.h"
 #include "kernels/cuda/grouped_gemm_sm90.h"
+#include "kernels/cuda/skinny_gemm.h"
 
 namespace mlaserve::cuda {
 
@@ -86,6 +87,11 @@ class Fp8Linear {
   // many (else 0, and out is written).
   bool run_bf16(const __nv_bfloat16* x, int64_t x_ld, const uint8_t* w, const float* w_scale, int64_t m, int64_t n,
                 int64_t k, __nv_bfloat16* out, void* workspace, cudaStream_t stream, int* deferred_splits = nullptr);
+  // One row of rms_norm's output, formed inside the skinny kernel's launch
+  // (skinny_gemm_fp8_rms_norm), where skinny_takes holds for the row and
+  // the norm's width fits; returns false (and does nothing) elsewhere.
+  bool run_bf16_rms_norm(const SkinnyRmsNorm& norm, const uint8_t* w, const float* w_scale, int64_t n, int64_t k,
+                         __nv_bfloat16* out, cudaStream_t stream);
   void run_sm90(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w, const float* w_scale,
                 int64_t m, int64_t n, int64_t k, __nv_bfloat16* out, void* workspace, cudaStream_t stream);
   bool run_cublaslt(const uint8_t* x_q, const float* x_scale, int64_t scale_ld, const uint8_t* w,

@@ -38,7 +38,54 @@ struct SkinnyArgs {
   int m;
   int64_t n, k;
   void* out;
+  SkinnyRmsNorm norm;      // kNorm: x is norm's output, formed in the launch
 };
+
+// One row of rms_norm_kernel (elementwise.cu) with its residual add, into
+// s_x: the block's 256 threads own its chunks of 8 (thread t the chunks t,
+// t + 256, ...) and block_sum the same tree, so the bits equal that
+// kernel's. Every block reads the old residual; the last to arrive writes
+// the sums, as rms_norm does, once all have read it.
+__device__ void form_normed_row(const SkinnyRmsNorm& n, int k, __nv_bfloat16* s_x) {
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x, step = 8 * blockDim.x * blockDim.y;
+  float ss = 0.0f;
+  for (int i = tid * 8; i < k; i += step) {
+    float v[8];
+    Bf16x8 s = Bf16x8::load(n.x + i);
+    if (n.residual) {
+      float r[8];
+      s.to_float(v);
+      Bf16x8::load(n.residual + i).to_float(r);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] += r[j];
+      s = Bf16x8::from_float(v);
+    }
+    s.store(s_x + i);
+    s.to_float(v);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss += v[j] * v[j];
+  }
+  const float inv_rms = rsqrtf(block_sum(ss) / float(k) + n.eps);
+  if (n.residual) {
+    __shared__ bool last;
+    __syncthreads();  // every thread has read its residual chunks
+    if (tid == 0) last = atomicAdd(n.arrivals, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (last) {
+      for (int i = tid * 8; i < k; i += step) Bf16x8::load(s_x + i).store(n.residual + i);
+      if (tid == 0) *n.arrivals = 0;  // ready for the next launch
+    }
+  }
+  for (int i = tid * 8; i < k; i += step) {
+    float v[8], g[8];
+    Bf16x8::load(s_x + i).to_float(v);
+    Bf16x8::load(n.weight + i).to_float(g);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = v[j] * inv_rms * g[j];
+    Bf16x8::from_float(v).store(s_x + i);
+  }
+  __syncthreads();
+}
 
 // kN bf16 activations at p (16-byte aligned) as floats.
 template <int kN>
@@ -57,8 +104,9 @@ __device__ __forceinline__ void load_x(const __nv_bfloat16* p, float (&f)[kN]) {
 // a lane must still fit two blocks an SM (124 registers). The others name
 // no minimum: an explicit 1 moves ptxas's allocation (q_b's kernel 80 -> 82
 // registers, perf.md session 38).
-template <typename W, int kRows, int kCols, int kLoads, bool kOutF32>
+template <typename W, int kRows, int kCols, int kLoads, bool kOutF32, bool kNorm = false>
 __global__ void __launch_bounds__(kBlockWarps * 32, kLoads >= 16 ? 2 : 0) skinny_gemm_kernel(const SkinnyArgs a) {
+  extern __shared__ __align__(16) __nv_bfloat16 s_x[];  // kNorm: the normed row
   pdl_launch_dependents();
   constexpr bool kFp8 = W::kElems == 16;
   constexpr int kWarpVecElems = 32 * W::kElems, kChunk = kWarpVecElems * kLoads;
@@ -96,6 +144,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, kLoads >= 16 ? 2 : 0) skinny
     if (!waited) {  // the weights are in flight; now the activations may be read
       pdl_wait();
       waited = true;
+      if constexpr (kNorm) form_normed_row(a.norm, int(k), s_x);
       if (k0 >= k) break;
     }
 #pragma unroll
@@ -107,7 +156,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, kLoads >= 16 ? 2 : 0) skinny
         for (int r = 0; r < kRows; ++r) {
           if (r < a.m) {
             float xv[16];
-            load_x(a.x + r * a.x_ld + kk, xv);
+            load_x((kNorm ? s_x : a.x + r * a.x_ld) + kk, xv);
 #pragma unroll
             for (int c = 0; c < kCols; ++c) acc[r][c] = fmaf(sv[c][u], e4m3x16_dot(wv[c][u], xv), acc[r][c]);
           }
@@ -202,16 +251,19 @@ SkinnyPlan plan_for(int64_t m, int64_t n, int64_t k, int elems) {
   return eight;
 }
 
-template <typename W, int kRows, bool kOutF32>
+template <typename W, int kRows, bool kOutF32, bool kNorm = false>
 void launch_rows(const SkinnyPlan& p, const SkinnyArgs& a, cudaStream_t stream) {
   const dim3 grid(unsigned(p.blocks)), block(32 * p.col_warps, p.splits);
-  if (p.cols == 4) launch_dependent(skinny_gemm_kernel<W, kRows, 4, 2, kOutF32>, grid, block, 0, stream, a);
-  else if (p.cols == 2) launch_dependent(skinny_gemm_kernel<W, kRows, 2, 4, kOutF32>, grid, block, 0, stream, a);
+  const size_t smem = kNorm ? size_t(a.k) * sizeof(__nv_bfloat16) : 0;
+  if (p.cols == 4) launch_dependent(skinny_gemm_kernel<W, kRows, 4, 2, kOutF32, kNorm>, grid, block, smem, stream, a);
+  else if (p.cols == 2)
+    launch_dependent(skinny_gemm_kernel<W, kRows, 2, 4, kOutF32, kNorm>, grid, block, smem, stream, a);
   else if constexpr (W::kElems == 16 && kRows <= 2) {  // the only rows plan_for gives 16 loads
-    if (p.loads == 16) launch_dependent(skinny_gemm_kernel<W, kRows, 1, 16, kOutF32>, grid, block, 0, stream, a);
-    else launch_dependent(skinny_gemm_kernel<W, kRows, 1, 8, kOutF32>, grid, block, 0, stream, a);
+    if (p.loads == 16)
+      launch_dependent(skinny_gemm_kernel<W, kRows, 1, 16, kOutF32, kNorm>, grid, block, smem, stream, a);
+    else launch_dependent(skinny_gemm_kernel<W, kRows, 1, 8, kOutF32, kNorm>, grid, block, smem, stream, a);
   } else {
-    launch_dependent(skinny_gemm_kernel<W, kRows, 1, 8, kOutF32>, grid, block, 0, stream, a);
+    launch_dependent(skinny_gemm_kernel<W, kRows, 1, 8, kOutF32, kNorm>, grid, block, smem, stream, a);
   }
 }
 
@@ -251,6 +303,23 @@ void skinny_gemm_fp8(const __nv_bfloat16* x, int64_t x_ld, const uint8_t* w, con
   if (n == 0) return;
   launch<Fp8Weights, false>(SkinnyArgs{x, x_ld, w, w_scale, int(m), n, k, out}, stream);
   check_launch("skinny_gemm_fp8");
+}
+
+bool skinny_gemm_fp8_rms_norm_applies(int64_t k) {
+  return k >= kSkinnyNormMinWidth && k <= kSkinnyNormMaxWidth && skinny_gemm_fp8_applies(1, k, k);
+}
+
+void skinny_gemm_fp8_rms_norm(const SkinnyRmsNorm& norm, const uint8_t* w, const float* w_scale, int64_t n, int64_t k,
+                              __nv_bfloat16* out, cudaStream_t stream) {
+  MLA_CUDA_REQUIRE(skinny_gemm_fp8_rms_norm_applies(k) && norm.x && norm.weight && (!norm.residual || norm.arrivals),
+                   "skinny_gemm_fp8_rms_norm: width " + std::to_string(k) + " (a multiple of 16 in [" +
+                       std::to_string(kSkinnyNormMinWidth) + ", " + std::to_string(kSkinnyNormMaxWidth) +
+                       "]), x and the norm weight set, and an arrival counter with a residual");
+  if (n == 0) return;
+  SkinnyArgs a{nullptr, k, w, w_scale, 1, n, k, out};
+  a.norm = norm;
+  launch_rows<Fp8Weights, 1, false, true>(plan_for(1, n, k, Fp8Weights::kElems), a, stream);
+  check_launch("skinny_gemm_fp8_rms_norm");
 }
 
 }  // namespace mlaserve::cuda

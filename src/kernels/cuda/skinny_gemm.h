@@ -17,6 +17,21 @@ namespace mlaserve::cuda {
 
 constexpr int kSkinnyMaxRows = 8;
 
+// One row of rms_norm (elementwise.h) formed inside the GEMM's launch: x
+// (plus residual, when set, which then receives the sums) normed by weight.
+// arrivals: a zeroed device counter, left zeroed, which no other launch
+// uses at the same time.
+struct SkinnyRmsNorm {
+  const __nv_bfloat16* x = nullptr;
+  __nv_bfloat16* residual = nullptr;
+  const __nv_bfloat16* weight = nullptr;
+  float eps = 0.0f;
+  unsigned* arrivals = nullptr;
+};
+// rms_norm's 256-thread rows (its bits) from 2048 columns; the row is
+// held in shared memory.
+constexpr int64_t kSkinnyNormMinWidth = 2048, kSkinnyNormMaxWidth = 16384;
+
 // True when the shape suits the kernel (M small, K a multiple of 8).
 bool skinny_gemm_applies(int64_t m, int64_t k);
 
@@ -28,5 +43,12 @@ void skinny_gemm(const __nv_bfloat16* x, const __nv_bfloat16* w, int64_t m, int6
 bool skinny_gemm_fp8_applies(int64_t m, int64_t k, int64_t x_ld);
 void skinny_gemm_fp8(const __nv_bfloat16* x, int64_t x_ld, const uint8_t* w, const float* w_scale, int64_t m,
                      int64_t n, int64_t k, __nv_bfloat16* out, cudaStream_t stream);
+
+// out{1, N} = rms_norm(x [+ residual]) · w{N, K}ᵀ, block-FP8 w: the norm's
+// bits, then skinny_gemm_fp8's, in one launch (the decode step's input norm
+// and q_a + kv_a projection).
+bool skinny_gemm_fp8_rms_norm_applies(int64_t k);
+void skinny_gemm_fp8_rms_norm(const SkinnyRmsNorm& norm, const uint8_t* w, const float* w_scale, int64_t n, int64_t k,
+                              __nv_bfloat16* out, cudaStream_t stream);
 
 }  // namespace mlaserve::cuda
