@@ -327,10 +327,11 @@ TEST_P(Fp8BackendQSplitInProduct, EqualsMlaPrepareThenHeadBmm) {
 INSTANTIATE_TEST_SUITE_P(Tokens, Fp8BackendQSplitInProduct, ::testing::Values(1, 2, 3));
 
 // The input norm, the fused q_a / kv_a projection and mla_prepare_q_b as one
-// op (at decode the projection's split-K partials are added inside the
-// prepare's launch) against the ops in turn on the same backend, at V3's
-// widths (hidden 7168, q_a 1536, latent 512 + 64): the same residual, latent
-// rows and q, bit for bit. 16 tokens take the ops in turn on both sides.
+// op (at one token the norm is formed inside the skinny projection's launch;
+// at 2-8 the projection's split-K partials are added inside the prepare's)
+// against the ops in turn on the same backend, at V3's widths (hidden 7168,
+// q_a 1536, latent 512 + 64): the same residual, latent rows and q, bit for
+// bit. 16 tokens take the ops in turn on both sides.
 class Fp8BackendProjectionSumInPrepare : public ::testing::TestWithParam<int64_t> {};
 
 TEST_P(Fp8BackendProjectionSumInPrepare, EqualsTheOpsInTurn) {

@@ -121,7 +121,8 @@ bool Fp8Linear::takes_bf16_rows(int64_t m, int64_t n, int64_t k, const Fp8GemmDe
 }
 
 // One row in a CUDA graph on an H200 (perf.md session 38, us, skinny against
-// the sm90 kernel quantizing the row): q_a + kv_a {2112, 7168} 7.5 / 9.1,
+// the sm90 kernel quantizing the row): q_a + kv_a {2112, 7168} 7.5 / 9.1
+// (7.3 since its one-wave plan, session 39),
 // q_a 5.0 / 7.6, kv_a 3.3 / 6.2, q_b {24576, 1536} 12.3 / 13.5, the shared
 // expert's gate_up / down 11.4 / 12.7 and 6.8 / 7.6. Alone o_proj {7168,
 // 16384} is slower on it (36.8 / 34.2), yet in the model it saves ~3 us a
